@@ -1,0 +1,71 @@
+"""Event contracts. Each class mirrors one Avro schema under schemas/ field by field."""
+
+from agl_stream.events.base import AttemptStatus, ErrorInfo, Event, RolloutMode
+from agl_stream.events.resources import (
+    LLM,
+    Checkpoint,
+    PromptTemplate,
+    Resource,
+    ResourcesPublished,
+    TemplateEngine,
+)
+from agl_stream.events.rollouts import (
+    AttemptFinished,
+    AttemptStarted,
+    RolloutCancelled,
+    RolloutFinished,
+    RolloutQueued,
+    RolloutStatus,
+)
+from agl_stream.events.spans import (
+    SpanEvent,
+    SpanKind,
+    SpanLink,
+    SpanRecorded,
+    SpanStatus,
+    StatusCode,
+)
+from agl_stream.events.workers import WorkerHeartbeat, WorkerRole, WorkerStatus
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        RolloutQueued,
+        RolloutCancelled,
+        AttemptStarted,
+        AttemptFinished,
+        RolloutFinished,
+        SpanRecorded,
+        ResourcesPublished,
+        WorkerHeartbeat,
+    )
+}
+
+__all__ = [
+    "EVENT_TYPES",
+    "LLM",
+    "AttemptFinished",
+    "AttemptStarted",
+    "AttemptStatus",
+    "Checkpoint",
+    "ErrorInfo",
+    "Event",
+    "PromptTemplate",
+    "Resource",
+    "ResourcesPublished",
+    "RolloutCancelled",
+    "RolloutFinished",
+    "RolloutMode",
+    "RolloutQueued",
+    "RolloutStatus",
+    "SpanEvent",
+    "SpanKind",
+    "SpanLink",
+    "SpanRecorded",
+    "SpanStatus",
+    "StatusCode",
+    "TemplateEngine",
+    "WorkerHeartbeat",
+    "WorkerRole",
+    "WorkerStatus",
+]

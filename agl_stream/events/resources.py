@@ -1,0 +1,60 @@
+"""Versioned resources that agents run with and algorithms improve."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator, Field
+
+from agl_stream.events.base import Event, Record
+
+_CONTENT_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _content_hash(value: str) -> str:
+    if not _CONTENT_HASH.match(value):
+        raise ValueError("content_hash must look like sha256:<64 lowercase hex digits>")
+    return value
+
+
+class TemplateEngine(StrEnum):
+    F_STRING = "f_string"
+    JINJA = "jinja"
+    POML = "poml"
+
+
+class LLM(Record):
+    """An OpenAI-compatible endpoint serving a model."""
+
+    endpoint: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    sampling_parameters: dict[str, float] = Field(default_factory=dict)
+
+
+class PromptTemplate(Record):
+    template: str
+    engine: TemplateEngine = TemplateEngine.F_STRING
+
+
+class Checkpoint(Record):
+    """Model weights by reference; the bytes never travel on a topic."""
+
+    uri: str = Field(min_length=1)
+    content_hash: Annotated[str, AfterValidator(_content_hash)]
+    format: str = "safetensors"
+
+
+Resource = LLM | PromptTemplate | Checkpoint
+
+
+class ResourcesPublished(Event):
+    key_field: ClassVar[str] = "resources_id"
+
+    resources_id: str = Field(min_length=1)
+    version: int = Field(ge=0)
+    resources: dict[str, Resource]
+    published_by: str | None = None
+    parent_resources_id: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,38 @@
+"""Worker liveness."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import Field
+
+from agl_stream.events.base import Event
+
+
+class WorkerRole(StrEnum):
+    RUNNER = "runner"
+    PROJECTOR = "projector"
+    TRAINER = "trainer"
+    OTHER = "other"
+
+
+class WorkerStatus(StrEnum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class WorkerHeartbeat(Event):
+    key_field: ClassVar[str] = "worker_id"
+
+    worker_id: str = Field(min_length=1)
+    role: WorkerRole
+    status: WorkerStatus
+    hostname: str
+    pid: int = Field(ge=0)
+    current_rollouts: tuple[str, ...] = ()
+    counts: dict[str, int] = Field(default_factory=dict)
+    interval_seconds: float = Field(gt=0)

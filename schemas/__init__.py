@@ -1,0 +1,1 @@
+"""Avro schemas of agl-stream events (data; see README.md in the repository)."""

@@ -1,0 +1,1 @@
+"""Topic definitions as data (one TOML file per topic)."""

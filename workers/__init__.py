@@ -1,0 +1,1 @@
+"""Worker processes: runner, projector and trainer; and what they share at start-up."""
