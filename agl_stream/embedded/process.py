@@ -1,0 +1,133 @@
+"""Starting, finding and stopping the stack's background processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """The embedded stack could not do what was asked; the message says what and where to look."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pick_port(low: int, high: int, attempts: int = 200) -> int:
+    """A free port in [low, high); raises StackError when none is found."""
+    for _ in range(attempts):
+        port = random.randrange(low, high)
+        if port_free(port):
+            return port
+    raise StackError(f"no free port between {low} and {high}")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def spawn(
+    argv: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Start a daemon in its own session (so Ctrl-C of the CLI does not reach it)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def alive(pid: int | None, executable: str | None = None) -> bool:
+    """Whether pid runs, and (when given) runs a program whose name contains `executable`."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    if stat.split(") ", 1)[-1].startswith("Z"):
+        _reap(pid)
+        return False
+    if executable is None:
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return True
+    return executable in cmdline
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def stop(pid: int | None, grace_seconds: float, executable: str | None = None) -> None:
+    """SIGTERM, then SIGKILL after the grace period."""
+    if not alive(pid, executable):
+        return
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    while alive(pid):
+        time.sleep(0.05)
+
+
+def wait_until(check: object, timeout: float, what: str, log: Path | None = None) -> None:
+    """Poll check() until true; on timeout raise StackError pointing at the log."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    where = f"; see {log}" if log else ""
+    raise StackError(f"{what} did not come up within {timeout:.0f} s{where}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

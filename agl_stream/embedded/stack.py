@@ -1,0 +1,159 @@
+"""`agl-stream up` / `down`: a broker, its S3 storage and PostgreSQL, as background
+processes under one home directory, found again by the next command."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agl_stream.config import StackSettings
+from agl_stream.embedded import broker, postgres, seaweed
+from agl_stream.embedded.process import alive, pick_port, port_free, port_open
+from agl_stream.embedded.seaweed import SeaweedPorts
+
+STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class StackState:
+    home: str
+    broker_port: int
+    broker_pid: int | None
+    postgres_port: int
+    seaweed_pid: int | None
+    seaweed_ports: dict[str, int]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql://{postgres.SUPERUSER}@127.0.0.1:{self.postgres_port}/agl_stream"
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "AGL_STREAM_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "AGL_STREAM_DATABASE_URL": self.database_url,
+        }
+
+
+class EmbeddedStack:
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.home = settings.home
+
+    @property
+    def state_path(self) -> Path:
+        return self.home / STATE_FILE
+
+    def state(self) -> StackState | None:
+        try:
+            return StackState(**json.loads(self.state_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def running(self) -> StackState | None:
+        """The state of a stack whose processes are all up, else None."""
+        state = self.state()
+        if state is None:
+            return None
+        ok = (
+            alive(state.seaweed_pid, "weed")
+            and alive(state.broker_pid, "tansu")
+            and port_open(state.broker_port)
+            and port_open(state.postgres_port)
+        )
+        return state if ok else None
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with (self.home / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _secret(self) -> str:
+        path = self.home / "s3.secret"
+        if not path.exists():
+            path.write_text(secrets.token_hex(16))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def _seaweed_ports(self, previous: StackState | None) -> SeaweedPorts:
+        if previous is not None:
+            ports = SeaweedPorts(**previous.seaweed_ports)
+            wanted = [ports.master, ports.volume, ports.filer, ports.s3]
+            if all(port_free(p) and port_free(ports.grpc(p)) for p in wanted):
+                return ports
+        return _fresh_seaweed_ports()
+
+    def up(self) -> StackState:
+        """Start whatever is not running; data from earlier runs is kept. Idempotent."""
+        with self._locked():
+            previous = self.state()
+            secret = self._secret()
+            ports = self._seaweed_ports(previous)
+            seaweed_pid = previous.seaweed_pid if previous else None
+            if not alive(seaweed_pid, "weed"):
+                seaweed_pid = seaweed.start(self.home, ports, secret)
+            else:
+                ports = SeaweedPorts(**previous.seaweed_ports) if previous else ports
+            broker_pid = previous.broker_pid if previous else None
+            broker_port = self.settings.broker_port
+            if previous and alive(broker_pid, "tansu"):
+                broker_port = previous.broker_port
+            else:
+                broker_pid = broker.start(self.home, broker_port, ports.s3, secret)
+            if not postgres.running(self.home):
+                postgres.start(self.home, self.settings.postgres_port)
+                postgres_port = self.settings.postgres_port
+            else:
+                postgres_port = previous.postgres_port if previous else self.settings.postgres_port
+            state = StackState(
+                home=str(self.home),
+                broker_port=broker_port,
+                broker_pid=broker_pid,
+                postgres_port=postgres_port,
+                seaweed_pid=seaweed_pid,
+                seaweed_ports={k: v for k, v in asdict(ports).items() if k != "grpc_offset"},
+            )
+            self.state_path.write_text(json.dumps(asdict(state), indent=2))
+            (self.home / "env").write_text(
+                "".join(f"export {k}={v}\n" for k, v in state.environment().items())
+            )
+            return state
+
+    def down(self) -> bool:
+        """Stop everything; False when nothing was running. Data stays for the next `up`."""
+        with self._locked():
+            state = self.state()
+            was_running = bool(
+                state and (alive(state.broker_pid) or alive(state.seaweed_pid))
+            ) or postgres.running(self.home)
+            if state is not None:
+                # The broker first, so nothing is mid-write when its storage goes away.
+                broker.stop_broker(state.broker_pid)
+                seaweed.stop_server(state.seaweed_pid)
+            postgres.stop(self.home)
+            return was_running
+
+
+def _fresh_seaweed_ports() -> SeaweedPorts:
+    # Below the kernel's ephemeral range (32768+), gRPC ports included, so that a client
+    # socket never sits on a port SeaweedFS wants after a restart.
+    picked: set[int] = set()
+    while len(picked) < 4:
+        port = pick_port(10_000, 22_000)
+        if port not in picked and port_free(port + 10_000):
+            picked.add(port)
+    master, volume, filer, s3 = sorted(picked)
+    return SeaweedPorts(master=master, volume=volume, filer=filer, s3=s3)

@@ -1,0 +1,114 @@
+"""Applying topic specs to a broker and checking them before a worker starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiokafka.admin import NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from agl_stream.config import KafkaSettings
+from agl_stream.kafka import admin_client
+from agl_stream.topic_spec import (
+    CONFIG_KEYS,
+    Drift,
+    ObservedTopic,
+    TopicSpec,
+    load_topic_specs,
+    plan_topics,
+    readiness_problems,
+)
+
+
+class TopicsNotReady(RuntimeError):
+    """The broker's topics do not match topics/; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    created: tuple[str, ...]
+    altered: tuple[Drift, ...]
+    unfixed: tuple[Drift, ...]
+    in_sync: tuple[str, ...]
+
+
+async def observe_topics(settings: KafkaSettings, names: Iterable[str]) -> dict[str, ObservedTopic]:
+    """Partitions, replication and the configs we manage, for those of `names` that exist."""
+    async with admin_client(settings) as admin:
+        existing = set(await admin.list_topics())
+        present = sorted(set(names) & existing)
+        if not present:
+            return {}
+        described = await admin.describe_topics(present)
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in present]
+        )
+    configs: dict[str, dict[str, str]] = {name: {} for name in present}
+    for response in responses:
+        for resource in response.resources:
+            _code, _message, _type, name, entries = resource[:5]
+            for entry in entries:
+                key, value = entry[0], entry[1]
+                if key in CONFIG_KEYS and value is not None:
+                    configs.setdefault(name, {})[key] = value
+    observed = {}
+    for topic in described:
+        partitions = topic["partitions"]
+        replication = max((len(p["replicas"]) for p in partitions), default=0)
+        name = topic["topic"]
+        observed[name] = ObservedTopic(name, len(partitions), replication, configs.get(name, {}))
+    return observed
+
+
+async def apply_topics(
+    settings: KafkaSettings, specs: Iterable[TopicSpec] | None = None
+) -> ApplyReport:
+    """Create missing topics and correct their configs; report what cannot change in place.
+    Running it again changes nothing."""
+    wanted = list(specs if specs is not None else load_topic_specs().values())
+    names = [s.full_name(settings.topic_prefix) for s in wanted]
+    observed = await observe_topics(settings, names)
+    plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
+    fixable = [d for d in plan.drift if d.fixable]
+    async with admin_client(settings) as admin:
+        if plan.create:
+            await admin.create_topics(
+                [
+                    NewTopic(
+                        s.full_name(settings.topic_prefix),
+                        s.partitions,
+                        settings.replication_factor,
+                        topic_configs=s.configs(),
+                    )
+                    for s in plan.create
+                ]
+            )
+        if fixable:
+            by_topic: dict[str, dict[str, str]] = {}
+            for d in fixable:
+                by_topic.setdefault(d.topic, {})[d.setting] = d.expected
+            await admin.alter_configs(
+                [
+                    ConfigResource(ConfigResourceType.TOPIC, topic, configs=values)
+                    for topic, values in by_topic.items()
+                ]
+            )
+    return ApplyReport(
+        created=tuple(s.full_name(settings.topic_prefix) for s in plan.create),
+        altered=tuple(fixable),
+        unfixed=plan.unfixable,
+        in_sync=plan.in_sync,
+    )
+
+
+async def ensure_topics_ready(settings: KafkaSettings, short_names: Iterable[str]) -> None:
+    """Refuse to start a worker whose topics are missing or wrong (raises TopicsNotReady)."""
+    specs = load_topic_specs()
+    needed = [specs[name] for name in short_names]
+    observed = await observe_topics(settings, [s.full_name(settings.topic_prefix) for s in needed])
+    problems = readiness_problems(needed, observed, settings.topic_prefix, settings.replication_factor)
+    if problems:
+        raise TopicsNotReady(
+            f"the topics on {settings.bootstrap_servers} are not ready: " + "; ".join(problems)
+        )
