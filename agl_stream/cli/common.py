@@ -1,0 +1,68 @@
+"""What every command shares: settings from flags and environment, and errors a person reads."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+import click
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from rich.console import Console
+
+from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
+from agl_stream.embedded.process import StackError
+from agl_stream.topic_admin import TopicsNotReady
+from agl_stream.topic_spec import TopicSpecError
+
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class AppContext:
+    bootstrap_servers: str | None
+    topic_prefix: str | None
+    database_url: str | None
+
+    def kafka(self) -> KafkaSettings:
+        return load(KafkaSettings, bootstrap_servers=self.bootstrap_servers, topic_prefix=self.topic_prefix)
+
+    def database(self) -> DatabaseSettings:
+        return load(DatabaseSettings, database_url=self.database_url)
+
+
+def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn the errors we expect into one sentence and a non-zero exit, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        except (StackError, TopicsNotReady, TopicSpecError) as exc:
+            _fail(str(exc))
+        except KafkaConnectionError as exc:
+            _fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")
+        except KafkaError as exc:
+            _fail(f"the broker refused: {exc}")
+        except OSError as exc:
+            _fail(f"{exc}")
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise SystemExit(1)
+
+
+def run(coro: Coroutine[Any, Any, R]) -> R:
+    return asyncio.run(coro)

@@ -1,0 +1,47 @@
+"""`agl-stream`: one CLI for the embedded stack, topics, schemas and status."""
+
+from __future__ import annotations
+
+import click
+
+from agl_stream import __version__
+from agl_stream.cli import dlq, schemas, stack, status, topics
+from agl_stream.cli.common import AppContext
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="agl-stream")
+@click.option(
+    "--bootstrap-servers",
+    metavar="HOST:PORT,...",
+    help="Kafka brokers. [env: AGL_STREAM_BOOTSTRAP_SERVERS; default: the embedded broker]",
+)
+@click.option(
+    "--topic-prefix", metavar="PREFIX", help="Prefix of topic names. [env: AGL_STREAM_TOPIC_PREFIX; default: agl.]"
+)
+@click.option(
+    "--database-url",
+    metavar="URL",
+    help="PostgreSQL URL. [env: AGL_STREAM_DATABASE_URL; default: the embedded database]",
+)
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    topic_prefix: str | None,
+    database_url: str | None,
+) -> None:
+    """agl-stream trains AI agents over an event-sourced Kafka pipeline.
+
+    Start here: `agl-stream up` runs a broker and PostgreSQL on this machine; `agl-stream
+    status` shows what is there.
+    """
+    ctx.obj = AppContext(bootstrap_servers, topic_prefix, database_url)
+
+
+cli.add_command(stack.up)
+cli.add_command(stack.down)
+cli.add_command(status.status)
+cli.add_command(topics.topics)
+cli.add_command(schemas.schemas)
+cli.add_command(dlq.dlq)

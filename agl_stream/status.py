@@ -1,0 +1,129 @@
+"""What `agl-stream status` reports: broker, topics and their end offsets, consumer groups
+and their lag, and the database."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.db.migrate import head_revision
+from agl_stream.kafka import admin_client, end_offsets
+from agl_stream.topic_spec import load_topic_specs
+
+
+@dataclass(frozen=True)
+class TopicStatus:
+    name: str
+    partitions: int
+    end_offsets: tuple[int, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(self.end_offsets)
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    group: str
+    state: str
+    members: int
+    lag: dict[str, int]  # topic -> records behind, summed over its partitions
+
+
+@dataclass(frozen=True)
+class DatabaseStatus:
+    reachable: bool
+    detail: str
+    revision: str | None = None
+    head: str | None = None
+
+
+@dataclass
+class StatusReport:
+    bootstrap_servers: str
+    broker_reachable: bool
+    broker_detail: str = ""
+    topics: list[TopicStatus] = field(default_factory=list)
+    missing_topics: list[str] = field(default_factory=list)
+    groups: list[GroupStatus] = field(default_factory=list)
+    database: DatabaseStatus | None = None
+
+    @property
+    def healthy(self) -> bool:
+        db_ok = self.database is None or self.database.reachable
+        return self.broker_reachable and not self.missing_topics and db_ok
+
+
+async def collect(kafka: KafkaSettings, database: DatabaseSettings | None) -> StatusReport:
+    report = StatusReport(kafka.bootstrap_servers, broker_reachable=False)
+    db_task = asyncio.create_task(_database(database)) if database else None
+    try:
+        await _broker(kafka, report)
+    except Exception as exc:  # noqa: BLE001 - any failure means "unreachable", said plainly
+        report.broker_detail = f"{type(exc).__name__}: {exc}"
+    if db_task is not None:
+        report.database = await db_task
+    return report
+
+
+async def _broker(kafka: KafkaSettings, report: StatusReport) -> None:
+    specs = load_topic_specs()
+    wanted = [s.full_name(kafka.topic_prefix) for s in specs.values()]
+    async with admin_client(kafka) as admin:
+        existing = set(await admin.list_topics())
+        report.broker_reachable = True
+        present = [name for name in wanted if name in existing]
+        report.missing_topics = [name for name in wanted if name not in existing]
+        described = await admin.describe_topics(present) if present else []
+        groups = await admin.list_consumer_groups()
+        group_ids = sorted(g[0] for g in groups)
+        descriptions = await admin.describe_consumer_groups(group_ids) if group_ids else []
+    partitions = {t["topic"]: len(t["partitions"]) for t in described}
+    tps = [TopicPartition(name, p) for name, n in partitions.items() for p in range(n)]
+    ends = await end_offsets(kafka, tps)
+    for name in present:
+        offsets = tuple(ends.get(TopicPartition(name, p), 0) for p in range(partitions[name]))
+        report.topics.append(TopicStatus(name, partitions[name], offsets))
+    states = {}
+    for response in descriptions:
+        for group in response.groups:
+            states[group[1]] = (group[2], len(group[5]))
+    for group_id in group_ids:
+        lag = await _group_lag(kafka, group_id, tps, ends)
+        state, members = states.get(group_id, ("unknown", 0))
+        report.groups.append(GroupStatus(group_id, state, members, lag))
+
+
+async def _group_lag(
+    kafka: KafkaSettings, group_id: str, tps: list[TopicPartition], ends: dict[TopicPartition, int]
+) -> dict[str, int]:
+    # A consumer that never subscribes does not join the group: it only reads its offsets.
+    client = AIOKafkaConsumer(group_id=group_id, enable_auto_commit=False, **kafka.client_options())
+    await client.start()
+    try:
+        lag: dict[str, int] = {}
+        for tp in tps:
+            committed = await client.committed(tp)
+            if committed is not None:
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(ends.get(tp, 0) - committed, 0)
+        return lag
+    finally:
+        await client.stop()
+
+
+async def _database(settings: DatabaseSettings) -> DatabaseStatus:
+    try:
+        conn = await asyncpg.connect(settings.asyncpg_dsn, timeout=5)
+    except Exception as exc:  # noqa: BLE001
+        return DatabaseStatus(False, f"{type(exc).__name__}: {exc}", head=head_revision())
+    try:
+        version = await conn.fetchval("SHOW server_version")
+        has_table = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
+        revision = await conn.fetchval("SELECT version_num FROM alembic_version") if has_table else None
+        return DatabaseStatus(True, f"PostgreSQL {version}", revision, head_revision())
+    finally:
+        await conn.close()

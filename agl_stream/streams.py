@@ -1,0 +1,177 @@
+"""Typed publishing and consuming of events, with bad records routed to the dead-letter topic."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord, RecordMetadata
+
+from agl_stream.codec import Codec, DecodeError
+from agl_stream.config import KafkaSettings
+from agl_stream.dead_letters import DeadLetter, dead_letter
+from agl_stream.events import Event
+from agl_stream.topic_spec import TopicSpec, load_topic_specs
+
+EVENT_TYPE_HEADER = "agl.event_type"
+DLQ_TOPIC = "dlq"
+
+
+class EventNotAllowed(ValueError):
+    """An event of this type does not belong on that topic."""
+
+
+@dataclass(frozen=True)
+class ConsumedEvent:
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass
+class Batch:
+    """Events that decoded, and the offset to commit per partition (past the dead letters)."""
+
+    events: dict[TopicPartition, list[ConsumedEvent]] = field(default_factory=dict)
+    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    dead_lettered: int = 0
+
+    def __iter__(self) -> Iterator[ConsumedEvent]:
+        for events in self.events.values():
+            yield from events
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.events.values())
+
+
+class Topics:
+    """Short topic names (tasks) to full names (agl.tasks), and which events each carries."""
+
+    def __init__(self, settings: KafkaSettings, specs: Mapping[str, TopicSpec] | None = None):
+        self.prefix = settings.topic_prefix
+        self.specs = dict(specs if specs is not None else load_topic_specs())
+        self._by_full = {s.full_name(self.prefix): s for s in self.specs.values()}
+
+    def name(self, short: str) -> str:
+        return self.specs[short].full_name(self.prefix)
+
+    def spec_of(self, full_name: str) -> TopicSpec | None:
+        return self._by_full.get(full_name)
+
+    def allows(self, full_name: str, event_type: str) -> bool:
+        spec = self.spec_of(full_name)
+        return spec is not None and event_type in spec.events
+
+
+class EventPublisher:
+    """Encodes events and sends them keyed by their partitioning key, acks=all."""
+
+    def __init__(self, producer: AIOKafkaProducer, topics: Topics, codec: Codec | None = None):
+        self._producer = producer
+        self._topics = topics
+        self._codec = codec or Codec()
+
+    async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]:
+        """Queue one event; the future resolves when the broker has it."""
+        full = self._topics.name(short_topic)
+        if not self._topics.allows(full, event.type_name()):
+            raise EventNotAllowed(f"{event.type_name()} events do not belong on {full}")
+        return await self._producer.send(
+            full,
+            self._codec.encode(event),
+            key=event.key.encode(),
+            headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
+        )
+
+    async def publish(self, short_topic: str, event: Event) -> RecordMetadata:
+        return await (await self.send(short_topic, event))
+
+    async def publish_many(self, short_topic: str, events: Iterable[Event]) -> list[RecordMetadata]:
+        futures = [await self.send(short_topic, e) for e in events]
+        return list(await asyncio.gather(*futures))
+
+
+class EventStream:
+    """Reads records through a consumer and decodes them. Records that are undecodable, of
+    an unknown schema, invalid, or of a type that does not belong on their topic go to the
+    dead-letter topic, and the stream moves on. Dead letters are on the broker before a batch
+    is returned, so committing the batch's next_offsets never loses a record."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        consumer_name: str,
+        codec: Codec | None = None,
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._topics = topics
+        self._name = consumer_name
+        self._codec = codec or Codec()
+
+    async def next_batch(self, timeout_ms: int = 1000, max_records: int | None = None) -> Batch:
+        records = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        batch = Batch()
+        pending: list[asyncio.Future[RecordMetadata]] = []
+        for tp, items in records.items():
+            good: list[ConsumedEvent] = []
+            for record in items:
+                consumed, letter = self._decode(record)
+                if consumed is not None:
+                    good.append(consumed)
+                elif letter is not None:
+                    pending.append(await self._send_dead_letter(letter))
+                batch.next_offsets[tp] = record.offset + 1
+            if good:
+                batch.events[tp] = good
+        if pending:
+            await asyncio.gather(*pending)
+            batch.dead_lettered = len(pending)
+        return batch
+
+    async def commit(self, batch: Batch) -> None:
+        if batch.next_offsets:
+            await self._consumer.commit(dict(batch.next_offsets))
+
+    def _decode(self, record: ConsumerRecord) -> tuple[ConsumedEvent | None, DeadLetter | None]:
+        headers = tuple(record.headers or ())
+        try:
+            event = self._codec.decode(record.value)
+        except DecodeError as exc:
+            return None, self._letter(record, headers, exc.reason, exc.kind)
+        if not self._topics.allows(record.topic, event.type_name()):
+            reason = f"{event.type_name()} events do not belong on {record.topic}"
+            return None, self._letter(record, headers, reason, "wrong_topic")
+        return (
+            ConsumedEvent(
+                event, record.topic, record.partition, record.offset, record.timestamp, headers
+            ),
+            None,
+        )
+
+    def _letter(
+        self, record: ConsumerRecord, headers: tuple[tuple[str, bytes], ...], reason: str, kind: str
+    ) -> DeadLetter:
+        return dead_letter(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+            value=record.value,
+            headers=headers,
+            reason=reason,
+            kind=kind,
+            consumer=self._name,
+        )
+
+    async def _send_dead_letter(self, letter: DeadLetter) -> asyncio.Future[RecordMetadata]:
+        return await self._producer.send(
+            self._topics.name(DLQ_TOPIC), letter.value, key=letter.key, headers=letter.headers
+        )
