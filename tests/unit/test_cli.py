@@ -1,0 +1,88 @@
+"""The CLI without a broker: help everywhere, and bad input exits non-zero with a sentence."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from agl_stream.cli.main import cli
+from agl_stream.embedded.process import pick_port
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            out += _commands(command, (*prefix, name))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+@pytest.mark.parametrize("path", _commands(cli), ids=lambda p: " ".join(p) or "agl-stream")
+def test_every_command_explains_itself(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    lines = result.output.split("\n\n")
+    assert len(lines) > 1 and lines[1].strip(), "a command needs a description"
+
+
+def test_bad_bootstrap_servers_is_a_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["--bootstrap-servers", "nohostport", "topics", "apply"])
+    assert result.exit_code == 2
+    assert "--bootstrap-servers / AGL_STREAM_BOOTSTRAP_SERVERS 'nohostport'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_environment_is_a_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["topics", "apply"], env={"AGL_STREAM_SECURITY_PROTOCOL": "TLS"})
+    assert result.exit_code == 2
+    assert "AGL_STREAM_SECURITY_PROTOCOL 'TLS'" in result.output
+
+
+def test_unreachable_broker_is_one_sentence() -> None:
+    port = pick_port(40_000, 50_000)  # nothing listens there
+    result = CliRunner().invoke(
+        cli, ["--bootstrap-servers", f"127.0.0.1:{port}", "topics", "apply"],
+        env={"AGL_STREAM_REQUEST_TIMEOUT_MS": "2000"},
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "cannot reach the Kafka brokers" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_status_reports_unreachable_services_and_fails() -> None:
+    broker, database = pick_port(40_000, 50_000), pick_port(50_000, 60_000)
+    result = CliRunner().invoke(
+        cli, ["--bootstrap-servers", f"127.0.0.1:{broker}",
+              "--database-url", f"postgresql://agl:pw@127.0.0.1:{database}/agl_stream", "status"],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "unreachable" in result.output
+    assert "pw@" not in result.output
+
+
+def test_unknown_event_schema_is_a_bad_parameter() -> None:
+    result = CliRunner().invoke(cli, ["schemas", "show", "NoSuchEvent"])
+    assert result.exit_code == 2
+    assert "no event 'NoSuchEvent'" in result.output
+
+
+def test_schema_show_prints_an_expanded_schema() -> None:
+    result = CliRunner().invoke(cli, ["schemas", "show", "AttemptFinished"])
+    assert result.exit_code == 0
+    assert '"ai.aglstream.ErrorInfo"' in result.output  # named types are inlined
+
+
+def test_schemas_check_passes() -> None:
+    result = CliRunner().invoke(cli, ["schemas", "check"])
+    assert result.exit_code == 0, result.output
+    assert "compatible with release" in result.output
+
+
+def test_unknown_topic_name_in_check() -> None:
+    result = CliRunner().invoke(cli, ["topics", "check", "nope"])
+    assert result.exit_code == 2
+    assert "unknown topics ['nope']" in result.output
