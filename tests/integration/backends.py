@@ -1,0 +1,81 @@
+"""Where integration tests find a real broker and a real PostgreSQL.
+
+embedded: the stack `agl-stream up` started (or AGL_STREAM_BOOTSTRAP_SERVERS and
+AGL_STREAM_DATABASE_URL if set); failing both, the tests start a private one and stop it.
+testcontainers: Apache Kafka and PostgreSQL containers, where a Docker engine runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from agl_stream.config import StackSettings, load
+from agl_stream.embedded.process import pick_port
+from agl_stream.embedded.stack import EmbeddedStack
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    bootstrap_servers: str
+    database_url: str
+
+
+@contextmanager
+def embedded(private_home: Path) -> Iterator[Backend]:
+    servers = os.environ.get("AGL_STREAM_BOOTSTRAP_SERVERS")
+    url = os.environ.get("AGL_STREAM_DATABASE_URL")
+    if servers and url:
+        yield Backend("embedded", servers, url)
+        return
+    running = EmbeddedStack(load(StackSettings)).running()
+    if running is not None:
+        yield Backend("embedded", running.bootstrap_servers, running.database_url)
+        return
+    stack = EmbeddedStack(
+        StackSettings(
+            home=private_home,
+            broker_port=pick_port(22_000, 30_000),
+            postgres_port=pick_port(22_000, 30_000),
+        )
+    )
+    state = stack.up()
+    try:
+        yield Backend("embedded (private)", state.bootstrap_servers, state.database_url)
+    finally:
+        stack.down()
+
+
+def docker_available() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not Path(host.removeprefix("unix://")).exists():
+        return f"no Docker engine (no socket at {host})"
+    import docker  # noqa: PLC0415 - only where testcontainers runs
+
+    try:
+        client = docker.from_env(timeout=3)
+    except Exception as exc:  # noqa: BLE001 - any failure means no engine here
+        return f"no Docker engine ({type(exc).__name__})"
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        return f"no Docker engine answers at {host} ({type(exc).__name__})"
+    finally:
+        client.close()
+    return None
+
+
+@contextmanager
+def testcontainers() -> Iterator[Backend]:
+    from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+    from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+    with KafkaContainer("confluentinc/cp-kafka:7.6.1") as kafka, PostgresContainer(
+        "postgres:16", driver=None
+    ) as pg:
+        yield Backend("testcontainers", kafka.get_bootstrap_server(), pg.get_connection_url())

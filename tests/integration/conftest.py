@@ -1,0 +1,76 @@
+"""Integration fixtures: a backend per session; per test, fresh topics and a fresh database."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+
+from agl_stream.config import DatabaseSettings, KafkaSettings, load
+from agl_stream.db.migrate import migrate
+from agl_stream.kafka import admin_client
+from agl_stream.topic_admin import apply_topics
+from tests.integration import backends
+from tests.integration.backends import Backend
+
+
+@pytest.fixture(scope="session")
+def embedded_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    with backends.embedded(tmp_path_factory.mktemp("stack")) as backend:
+        yield backend
+
+
+@pytest.fixture(scope="session")
+def testcontainers_backend() -> Iterator[Backend]:
+    reason = backends.docker_available()
+    if reason is not None:
+        pytest.skip(f"testcontainers backend: {reason}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with backends.testcontainers() as backend:
+            yield backend
+
+
+@pytest.fixture(scope="session", params=["embedded", "testcontainers"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """Every test that takes `backend` runs on each backend that exists here."""
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def kafka(backend: Backend, unique: str) -> AsyncIterator[KafkaSettings]:
+    """Settings with a topic prefix of its own; the topics exist."""
+    settings = load(
+        KafkaSettings, bootstrap_servers=backend.bootstrap_servers, topic_prefix=f"t{unique}."
+    )
+    await apply_topics(settings)
+    yield settings
+    async with admin_client(settings) as admin:
+        names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
+        try:
+            await asyncio.wait_for(admin.delete_topics(names), 10)
+        except Exception:  # noqa: BLE001 - cleanup is best effort
+            pass
+
+
+@pytest.fixture
+async def database(backend: Backend, unique: str) -> AsyncIterator[DatabaseSettings]:
+    """A fresh database of its own, migrated to head; dropped afterwards."""
+    base = load(DatabaseSettings, database_url=backend.database_url)
+    settings = base.with_database(f"test_{unique}")
+    await migrate(settings)
+    yield settings
+    conn = await asyncpg.connect(base.with_database("postgres").asyncpg_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "test_{unique}" WITH (FORCE)')
+    finally:
+        await conn.close()

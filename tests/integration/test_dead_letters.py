@@ -1,0 +1,117 @@
+"""Bad records on every topic land in the dead-letter topic with a reason and their origin,
+and the consumer reading them stays alive and keeps delivering good events."""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+
+import fastavro
+
+from agl_stream.codec import MARKER, Codec
+from agl_stream.config import KafkaSettings
+from agl_stream.dead_letters import DeadLetterView
+from agl_stream.kafka import consumer, producer
+from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
+from agl_stream.cli.dlq import read_dead_letters
+from tests.integration.helpers import eventually, examples
+from tests.unit.strategies import EVENT_STRATEGIES
+
+EVENT_TOPICS = {
+    "tasks": "RolloutQueued",
+    "rollouts": "AttemptFinished",
+    "spans": "SpanRecorded",
+    "resources": "ResourcesPublished",
+    "workers": "WorkerHeartbeat",
+}
+# A perfectly good Avro record of a schema that is not agl-stream's.
+FOREIGN = fastavro.parse_schema(
+    {"type": "record", "name": "Invoice", "fields": [{"name": "amount", "type": "long"}]}
+)
+
+
+def foreign_record() -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, FOREIGN, {"amount": 12})
+    fingerprint = bytes.fromhex(
+        fastavro.schema.fingerprint(fastavro.schema.to_parsing_canonical_form(FOREIGN), "CRC-64-AVRO")
+    )
+    return MARKER + fingerprint + body.getvalue()
+
+
+def bad_records(codec: Codec, topic: str) -> dict[str, bytes]:
+    good = codec.encode(examples(EVENT_STRATEGIES[EVENT_TOPICS[topic]], 1)[0])
+    misplaced_type = "SpanRecorded" if topic != "spans" else "WorkerHeartbeat"
+    return {
+        "random": os.urandom(64),
+        "foreign schema": foreign_record(),
+        "truncated": good[: len(good) // 2],
+        "wrong topic": codec.encode(examples(EVENT_STRATEGIES[misplaced_type], 1)[0]),
+    }
+
+
+EXPECTED_KIND = {
+    "random": "not_single_object",
+    "foreign schema": "unknown_schema",
+    "truncated": "undecodable",
+    "wrong topic": "wrong_topic",
+}
+
+
+async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings) -> None:
+    topics = Topics(kafka)
+    codec = Codec()
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    names = [topics.name(t) for t in EVENT_TOPICS]
+    sent_bad: dict[tuple[str, int, int], str] = {}
+    good_ids = set()
+    async with producer(kafka) as prod:
+        publisher = EventPublisher(prod, topics)
+        for short in EVENT_TOPICS:
+            for label, value in bad_records(codec, short).items():
+                meta = await prod.send_and_wait(topics.name(short), value, key=b"k-" + label.encode(), headers=[("origin", b"test")])
+                sent_bad[(meta.topic, meta.partition, meta.offset)] = label
+            # a good event after the bad ones: the consumer must still deliver it
+            event = examples(EVENT_STRATEGIES[EVENT_TOPICS[short]], 1)[0]
+            await publisher.publish(short, event)
+            good_ids.add(event.event_id)
+
+        async with consumer(kafka, *names, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=500) as c:
+            stream = EventStream(c, prod, topics, consumer_name=group)
+            delivered: list[ConsumedEvent] = []
+            dead = 0
+
+            async def through() -> bool:
+                nonlocal dead
+                batch = await stream.next_batch(timeout_ms=100)
+                delivered.extend(batch)
+                dead += batch.dead_lettered
+                await stream.commit(batch)
+                return len(delivered) + dead >= len(sent_bad) + len(good_ids)
+
+            await eventually(through, 60, "every record")
+            assert {e.event.event_id for e in delivered} == good_ids
+            assert dead == len(sent_bad)
+
+            # The consumer is alive: a later good event still arrives.
+            late = examples(EVENT_STRATEGIES["SpanRecorded"], 1)[0]
+            await publisher.publish("spans", late)
+            later: list[ConsumedEvent] = []
+
+            async def arrived() -> bool:
+                later.extend(await stream.next_batch(timeout_ms=100))
+                return any(e.event.event_id == late.event_id for e in later)
+
+            await eventually(arrived, 30, "a good event after the bad ones")
+
+    letters = await read_dead_letters(kafka, limit=100)
+    by_source = {(x.source_topic, x.source_partition, x.source_offset): x for x in letters}
+    assert set(by_source) == set(sent_bad)
+    for source, label in sent_bad.items():
+        letter: DeadLetterView = by_source[source]
+        assert letter.kind == EXPECTED_KIND[label], (label, letter.reason)
+        assert letter.reason
+        assert letter.consumer == group
+    first = letters[0]
+    assert first.value is not None
