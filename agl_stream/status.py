@@ -105,14 +105,27 @@ async def _group_lag(
     client = AIOKafkaConsumer(group_id=group_id, enable_auto_commit=False, **kafka.client_options())
     await client.start()
     try:
-        lag: dict[str, int] = {}
-        for tp in tps:
-            committed = await client.committed(tp)
-            if committed is not None:
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(ends.get(tp, 0) - committed, 0)
-        return lag
+        committed = {tp: await client.committed(tp) for tp in tps}
+        starts = await client.beginning_offsets(tps) if tps else {}
     finally:
         await client.stop()
+    return group_lag(committed, starts, ends)
+
+
+def group_lag(
+    committed: dict[TopicPartition, int | None],
+    starts: dict[TopicPartition, int],
+    ends: dict[TopicPartition, int],
+) -> dict[str, int]:
+    """Records behind per topic, for the topics the group has committed on at all; a
+    partition of such a topic with no commit yet is behind by everything it holds."""
+    consumed = {tp.topic for tp, offset in committed.items() if offset is not None}
+    lag: dict[str, int] = {}
+    for tp, offset in committed.items():
+        if tp.topic in consumed:
+            position = offset if offset is not None else starts.get(tp, 0)
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(ends.get(tp, 0) - position, 0)
+    return lag
 
 
 async def _database(settings: DatabaseSettings) -> DatabaseStatus:

@@ -6,7 +6,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +31,10 @@ def pick_port(low: int, high: int, attempts: int = 200) -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on the port now. SO_REUSEADDR, as servers set it, so a
+    port whose old connections linger in TIME_WAIT counts as free."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -46,25 +48,27 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def spawn(
-    argv: Sequence[str],
-    log: Path,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> int:
-    """Start a daemon in its own session (so Ctrl-C of the CLI does not reach it)."""
+def spawn(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:
+    """Start a daemon in a session of its own (Ctrl-C of the CLI does not reach it), output
+    appended to `log`. posix_spawn, not Popen: the daemon outlives this process by design."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        return os.posix_spawn(
+            argv[0],
             list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            start_new_session=True,
+            {**os.environ, **(env or {})},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, out, 1),
+                (os.POSIX_SPAWN_DUP2, out, 2),
+            ],
+            setsid=True,
         )
-    return proc.pid
+    finally:
+        os.close(out)
+        os.close(devnull)
 
 
 def alive(pid: int | None, executable: str | None = None) -> bool:

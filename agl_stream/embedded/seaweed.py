@@ -67,7 +67,7 @@ def start(home: Path, ports: SeaweedPorts, secret: str) -> int:
         # no pre-stop delay, which otherwise makes every start and stop take 15-25 s.
         "-master.resumeState=false", "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
     ]  # fmt: skip
-    pid = spawn(argv, log, cwd=data)
+    pid = spawn(argv, log)
     wait_until(lambda: port_open(p.s3) or not alive(pid), 60, "SeaweedFS S3", log)
     if not alive(pid):
         raise StackError(f"SeaweedFS exited at start; see {log}")
@@ -85,7 +85,8 @@ def ensure_bucket(ports: SeaweedPorts, log: Path) -> None:
             timeout=30,
             check=False,
         )
-        return "created bucket" in result.stdout or "already exists" in result.stdout
+        said = result.stdout + result.stderr
+        return "created bucket" in said or "already exists" in said
 
     wait_until(create, 60, f"S3 bucket {BUCKET}", log)
 

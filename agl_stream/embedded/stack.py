@@ -6,14 +6,14 @@ from __future__ import annotations
 import fcntl
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agl_stream.config import StackSettings
 from agl_stream.embedded import broker, postgres, seaweed
-from agl_stream.embedded.process import alive, pick_port, port_free, port_open
+from agl_stream.embedded.process import StackError, alive, pick_port, port_free, port_open
 from agl_stream.embedded.seaweed import SeaweedPorts
 
 STATE_FILE = "stack.json"
@@ -89,48 +89,66 @@ class EmbeddedStack:
         return path.read_text().strip()
 
     def _seaweed_ports(self, previous: StackState | None) -> SeaweedPorts:
-        if previous is not None:
-            ports = SeaweedPorts(**previous.seaweed_ports)
-            wanted = [ports.master, ports.volume, ports.filer, ports.s3]
-            if all(port_free(p) and port_free(ports.grpc(p)) for p in wanted):
-                return ports
-        return _fresh_seaweed_ports()
+        if previous is None:
+            return _fresh_seaweed_ports()
+        # SeaweedFS records its servers' addresses in its data: keep the ports it had.
+        ports = SeaweedPorts(**previous.seaweed_ports)
+        for port in (ports.master, ports.volume, ports.filer, ports.s3):
+            for wanted in (port, ports.grpc(port)):
+                if not port_free(wanted):
+                    raise StackError(
+                        f"port {wanted}, which this stack's storage uses, is taken by another "
+                        f"process; free it, or remove {self.home} to start over without its data"
+                    )
+        return ports
 
     def up(self) -> StackState:
-        """Start whatever is not running; data from earlier runs is kept. Idempotent."""
+        """Start whatever is not running; data from earlier runs is kept. Idempotent.
+        If a part fails to start, the parts this call started are stopped again."""
         with self._locked():
             previous = self.state()
-            secret = self._secret()
+            undo: list[Callable[[], None]] = []
+            try:
+                return self._up(previous, undo)
+            except BaseException:
+                for action in reversed(undo):
+                    action()
+                raise
+
+    def _up(self, previous: StackState | None, undo: list[Callable[[], None]]) -> StackState:
+        secret = self._secret()
+        if previous is not None and alive(previous.seaweed_pid, "weed"):
+            ports = SeaweedPorts(**previous.seaweed_ports)
+            seaweed_pid = previous.seaweed_pid
+        else:
             ports = self._seaweed_ports(previous)
-            seaweed_pid = previous.seaweed_pid if previous else None
-            if not alive(seaweed_pid, "weed"):
-                seaweed_pid = seaweed.start(self.home, ports, secret)
-            else:
-                ports = SeaweedPorts(**previous.seaweed_ports) if previous else ports
-            broker_pid = previous.broker_pid if previous else None
+            seaweed_pid = seaweed.start(self.home, ports, secret)
+            undo.append(lambda: seaweed.stop_server(seaweed_pid))
+        if previous is not None and alive(previous.broker_pid, "tansu"):
+            broker_pid, broker_port = previous.broker_pid, previous.broker_port
+        else:
             broker_port = self.settings.broker_port
-            if previous and alive(broker_pid, "tansu"):
-                broker_port = previous.broker_port
-            else:
-                broker_pid = broker.start(self.home, broker_port, ports.s3, secret)
-            if not postgres.running(self.home):
-                postgres.start(self.home, self.settings.postgres_port)
-                postgres_port = self.settings.postgres_port
-            else:
-                postgres_port = previous.postgres_port if previous else self.settings.postgres_port
-            state = StackState(
-                home=str(self.home),
-                broker_port=broker_port,
-                broker_pid=broker_pid,
-                postgres_port=postgres_port,
-                seaweed_pid=seaweed_pid,
-                seaweed_ports={k: v for k, v in asdict(ports).items() if k != "grpc_offset"},
-            )
-            self.state_path.write_text(json.dumps(asdict(state), indent=2))
-            (self.home / "env").write_text(
-                "".join(f"export {k}={v}\n" for k, v in state.environment().items())
-            )
-            return state
+            broker_pid = broker.start(self.home, broker_port, ports.s3, secret)
+            undo.append(lambda: broker.stop_broker(broker_pid))
+        if postgres.running(self.home) and previous is not None:
+            postgres_port = previous.postgres_port
+        else:
+            postgres_port = self.settings.postgres_port
+            undo.append(lambda: postgres.stop(self.home))
+            postgres.start(self.home, postgres_port)
+        state = StackState(
+            home=str(self.home),
+            broker_port=broker_port,
+            broker_pid=broker_pid,
+            postgres_port=postgres_port,
+            seaweed_pid=seaweed_pid,
+            seaweed_ports={k: v for k, v in asdict(ports).items() if k != "grpc_offset"},
+        )
+        self.state_path.write_text(json.dumps(asdict(state), indent=2))
+        (self.home / "env").write_text(
+            "".join(f"export {k}={v}\n" for k, v in state.environment().items())
+        )
+        return state
 
     def down(self) -> bool:
         """Stop everything; False when nothing was running. Data stays for the next `up`."""

@@ -16,11 +16,12 @@ from agl_stream.kafka import admin_client
 from agl_stream.topic_admin import apply_topics
 from tests.integration import backends
 from tests.integration.backends import Backend
+from tests.integration.helpers import traversable
 
 
 @pytest.fixture(scope="session")
 def embedded_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    with backends.embedded(tmp_path_factory.mktemp("stack")) as backend:
+    with backends.embedded(traversable(tmp_path_factory.mktemp("stack"))) as backend:
         yield backend
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
+from click.testing import CliRunner, Result
 from hypothesis import strategies as st
 from hypothesis.errors import NonInteractiveExampleWarning
 
@@ -45,3 +48,21 @@ async def wait_for_assignment(consumers: list[AIOKafkaConsumer], total: int, tim
         return all(sizes) and sum(sizes) == total
 
     await eventually(settled, timeout, "the consumer group to settle")
+
+
+async def invoke_cli(*args: str) -> Result:
+    """Run the CLI as a user would, off the test's event loop (commands run their own)."""
+    from agl_stream.cli.main import cli  # noqa: PLC0415
+
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+
+
+def traversable(path: Path) -> Path:
+    """pytest's temporary directories are private (0700); PostgreSQL runs as another user
+    when the tests run as root, so let it walk in (o+x, nothing readable)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for directory in [path, *path.parents]:
+        if directory == Path(tempfile.gettempdir()) or directory == directory.parent:
+            break
+        directory.chmod(directory.stat().st_mode | 0o001)
+    return path
