@@ -83,7 +83,7 @@ class Codec:
         body = io.BytesIO(data[HEADER_LENGTH:])
         try:
             datum = schemaless_reader(body, writer.parsed, reader.parsed)
-        except Exception as exc:  # noqa: BLE001 - fastavro raises many types on bad bytes
+        except Exception as exc:
             raise DecodeError(
                 f"undecodable {writer.event_type} body: {type(exc).__name__}: {exc}",
                 "undecodable",
@@ -97,9 +97,7 @@ class Codec:
         try:
             event = EVENT_TYPES[writer.event_type].model_validate(datum)
         except ValidationError as exc:
-            raise DecodeError(
-                f"invalid {writer.event_type}: {_one_line(exc)}", "invalid"
-            ) from exc
+            raise DecodeError(f"invalid {writer.event_type}: {_one_line(exc)}", "invalid") from exc
         return Decoded(event=event, writer=writer)
 
 

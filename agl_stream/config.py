@@ -50,7 +50,9 @@ class KafkaSettings(_Settings):
         default=1, ge=1, description="Replication factor of topics that `topics apply` creates."
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | None = None
+    sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | None
+    ) = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: Path | None = Field(default=None, description="CA bundle to verify brokers.")
@@ -63,7 +65,11 @@ class KafkaSettings(_Settings):
     @classmethod
     def _host_ports(cls, value: str) -> str:
         servers = [s.strip() for s in value.split(",") if s.strip()]
-        bad = [s for s in servers if not _HOST_PORT.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
+        bad = [
+            s
+            for s in servers
+            if not _HOST_PORT.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536
+        ]
         if not servers or bad:
             raise ValueError("expected host:port[,host:port...]")
         return ",".join(servers)
@@ -82,8 +88,10 @@ class KafkaSettings(_Settings):
             raise ValueError(
                 f"security protocol {self.security_protocol} needs AGL_STREAM_SASL_MECHANISM"
             )
-        if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and (
-            not self.sasl_username or self.sasl_password is None
+        if (
+            sasl
+            and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+            and (not self.sasl_username or self.sasl_password is None)
         ):
             raise ValueError(
                 f"SASL {self.sasl_mechanism} needs AGL_STREAM_SASL_USERNAME and "

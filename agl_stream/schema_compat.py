@@ -87,7 +87,9 @@ class _Resolver:
             for branch in reader:
                 if not self.errors(writer, branch, path):
                     return []
-            return [f"{path}: writer type {_describe(writer)} matches no branch of the reader's union"]
+            return [
+                f"{path}: writer type {_describe(writer)} matches no branch of the reader's union"
+            ]
         if wk in PRIMITIVES or rk in PRIMITIVES:
             if wk == rk or rk in PROMOTIONS.get(wk, set()):
                 return []
@@ -110,7 +112,9 @@ class _Resolver:
         if wk == "enum":
             missing = [s for s in writer["symbols"] if s not in reader["symbols"]]
             if missing and "default" not in reader:
-                return [f"{path}: enum symbols {missing} unknown to the reader, which has no default"]
+                return [
+                    f"{path}: enum symbols {missing} unknown to the reader, which has no default"
+                ]
             return []
         return self._record_errors(writer, reader, path)
 
@@ -132,7 +136,9 @@ class _Resolver:
             where = f"{path}.{field['name']}" if path else field["name"]
             if source is None:
                 if "default" not in field:
-                    out.append(f"{where}: reader field is missing from the writer and has no default")
+                    out.append(
+                        f"{where}: reader field is missing from the writer and has no default"
+                    )
                 continue
             out += self.errors(source["type"], field["type"], where)
         return out
@@ -159,9 +165,7 @@ def resolution_errors(writer: Schema, reader: Schema) -> list[str]:
     return _Resolver(w_names, r_names).errors(writer, reader, root)
 
 
-def compatibility_errors(
-    old: Mapping[str, Schema], new: Mapping[str, Schema]
-) -> list[str]:
+def compatibility_errors(old: Mapping[str, Schema], new: Mapping[str, Schema]) -> list[str]:
     """Everything that stops the new set from reading old data, or old readers from reading
     new data. Removing an event type is an error; adding one is not."""
     out: list[str] = []
@@ -169,6 +173,10 @@ def compatibility_errors(
         if event_type not in new:
             out.append(f"{event_type}: removed, but released data of this type must stay readable")
             continue
-        out += [f"new readers of old data: {e}" for e in resolution_errors(old_schema, new[event_type])]
-        out += [f"old readers of new data: {e}" for e in resolution_errors(new[event_type], old_schema)]
+        out += [
+            f"new readers of old data: {e}" for e in resolution_errors(old_schema, new[event_type])
+        ]
+        out += [
+            f"old readers of new data: {e}" for e in resolution_errors(new[event_type], old_schema)
+        ]
     return out

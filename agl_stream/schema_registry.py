@@ -44,7 +44,7 @@ def schemas_dir() -> Path:
 
 
 def _version(event_type: str, release: str, expanded: Mapping[str, Any]) -> SchemaVersion:
-    canonical = to_parsing_canonical_form(expanded)
+    canonical = to_parsing_canonical_form(dict(expanded))
     return SchemaVersion(
         event_type=event_type,
         release=release,
@@ -63,6 +63,7 @@ def load_current(directory: Path | None = None) -> dict[str, SchemaVersion]:
         if path.stem.startswith(NAMESPACE + "."):
             continue  # a shared named type, pulled in by the events that use it
         expanded = load_schema(str(path), _write_hint=False)
+        assert isinstance(expanded, dict), f"{path}: an event schema must be a record"
         out[path.stem] = _version(path.stem, CURRENT, expanded)
     return out
 
@@ -90,7 +91,9 @@ def write_release(release: str, schemas: Iterable[SchemaVersion], directory: Pat
     """Freeze a schema set as a release: one fully expanded .avsc per event."""
     target = directory / "released" / release
     if target.exists():
-        raise FileExistsError(f"release {release} already exists at {target}; releases are immutable")
+        raise FileExistsError(
+            f"release {release} already exists at {target}; releases are immutable"
+        )
     target.mkdir(parents=True)
     for version in schemas:
         path = target / f"{version.event_type}.avsc"

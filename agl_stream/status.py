@@ -136,7 +136,9 @@ async def _database(settings: DatabaseSettings) -> DatabaseStatus:
     try:
         version = await conn.fetchval("SHOW server_version")
         has_table = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
-        revision = await conn.fetchval("SELECT version_num FROM alembic_version") if has_table else None
+        revision = (
+            await conn.fetchval("SELECT version_num FROM alembic_version") if has_table else None
+        )
         return DatabaseStatus(True, f"PostgreSQL {version}", revision, head_revision())
     finally:
         await conn.close()

@@ -81,12 +81,13 @@ class EventPublisher:
         full = self._topics.name(short_topic)
         if not self._topics.allows(full, event.type_name()):
             raise EventNotAllowed(f"{event.type_name()} events do not belong on {full}")
-        return await self._producer.send(
+        future: asyncio.Future[RecordMetadata] = await self._producer.send(
             full,
             self._codec.encode(event),
             key=event.key.encode(),
             headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
         )
+        return future
 
     async def publish(self, short_topic: str, event: Event) -> RecordMetadata:
         return await (await self.send(short_topic, event))
@@ -172,6 +173,7 @@ class EventStream:
         )
 
     async def _send_dead_letter(self, letter: DeadLetter) -> asyncio.Future[RecordMetadata]:
-        return await self._producer.send(
+        future: asyncio.Future[RecordMetadata] = await self._producer.send(
             self._topics.name(DLQ_TOPIC), letter.value, key=letter.key, headers=letter.headers
         )
+        return future

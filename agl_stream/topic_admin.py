@@ -107,7 +107,9 @@ async def ensure_topics_ready(settings: KafkaSettings, short_names: Iterable[str
     specs = load_topic_specs()
     needed = [specs[name] for name in short_names]
     observed = await observe_topics(settings, [s.full_name(settings.topic_prefix) for s in needed])
-    problems = readiness_problems(needed, observed, settings.topic_prefix, settings.replication_factor)
+    problems = readiness_problems(
+        needed, observed, settings.topic_prefix, settings.replication_factor
+    )
     if problems:
         raise TopicsNotReady(
             f"the topics on {settings.bootstrap_servers} are not ready: " + "; ".join(problems)

@@ -74,7 +74,9 @@ def load_topic_specs(directory: Path | None = None) -> dict[str, TopicSpec]:
         if partner is None:
             continue
         if partner not in specs:
-            raise TopicSpecError(f"{spec.name}: co_partitioned_with names unknown topic {partner!r}")
+            raise TopicSpecError(
+                f"{spec.name}: co_partitioned_with names unknown topic {partner!r}"
+            )
         if specs[partner].partitions != spec.partitions or specs[partner].key != spec.key:
             raise TopicSpecError(
                 f"{spec.name} must have the same partitions and key as {partner}, "

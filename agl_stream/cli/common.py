@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
+import asyncpg
 import click
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
@@ -31,7 +33,9 @@ class AppContext:
     database_url: str | None
 
     def kafka(self) -> KafkaSettings:
-        return load(KafkaSettings, bootstrap_servers=self.bootstrap_servers, topic_prefix=self.topic_prefix)
+        return load(
+            KafkaSettings, bootstrap_servers=self.bootstrap_servers, topic_prefix=self.topic_prefix
+        )
 
     def database(self) -> DatabaseSettings:
         return load(DatabaseSettings, database_url=self.database_url)
@@ -52,14 +56,22 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             _fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")
         except KafkaError as exc:
             _fail(f"the broker refused: {exc}")
-        except OSError as exc:
+        except (OSError, asyncpg.PostgresError) as exc:
             _fail(f"{exc}")
-        raise AssertionError("unreachable")
 
     return wrapper
 
 
-def _fail(message: str) -> None:
+@contextmanager
+def reaching(what: str) -> Iterator[None]:
+    """Say which service could not be reached, instead of a bare socket error."""
+    try:
+        yield
+    except OSError as exc:
+        _fail(f"cannot reach {what}: {exc.strerror or exc}")
+
+
+def _fail(message: str) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise SystemExit(1)
 

@@ -25,7 +25,9 @@ async def read_dead_letters(settings: KafkaSettings, limit: int) -> list[DeadLet
         while (await client.position(tp)) < end:
             batch = await client.getmany(tp, timeout_ms=1000)
             for record in batch.get(tp, []):
-                letters.append(DeadLetterView.parse(record.headers or (), record.value, record.offset))
+                letters.append(
+                    DeadLetterView.parse(record.headers or (), record.value, record.offset)
+                )
     return letters
 
 
@@ -46,5 +48,7 @@ def list_dead_letters(app: AppContext, limit: int) -> None:
         table.add_column(column)
     for letter in letters:
         source = f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}"
-        table.add_row(str(letter.dlq_offset), source, letter.kind, letter.reason, letter.consumer, letter.at)
+        table.add_row(
+            str(letter.dlq_offset), source, letter.kind, letter.reason, letter.consumer, letter.at
+        )
     console.print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from agl_stream import __version__
-from agl_stream.cli import dlq, schemas, stack, status, topics
+from agl_stream.cli import db, dlq, schemas, stack, status, topics
 from agl_stream.cli.common import AppContext
 
 
@@ -17,7 +17,9 @@ from agl_stream.cli.common import AppContext
     help="Kafka brokers. [env: AGL_STREAM_BOOTSTRAP_SERVERS; default: the embedded broker]",
 )
 @click.option(
-    "--topic-prefix", metavar="PREFIX", help="Prefix of topic names. [env: AGL_STREAM_TOPIC_PREFIX; default: agl.]"
+    "--topic-prefix",
+    metavar="PREFIX",
+    help="Prefix of topic names. [env: AGL_STREAM_TOPIC_PREFIX; default: agl.]",
 )
 @click.option(
     "--database-url",
@@ -45,3 +47,4 @@ cli.add_command(status.status)
 cli.add_command(topics.topics)
 cli.add_command(schemas.schemas)
 cli.add_command(dlq.dlq)
+cli.add_command(db.db)

@@ -39,7 +39,9 @@ def show(event_type: str, canonical: bool) -> None:
     """Print one event's schema, fully expanded (what another language's Avro library needs)."""
     current = default_registry().current
     if event_type not in current:
-        raise click.BadParameter(f"no event {event_type!r}; events: {sorted(current)}", param_hint="EVENT_TYPE")
+        raise click.BadParameter(
+            f"no event {event_type!r}; events: {sorted(current)}", param_hint="EVENT_TYPE"
+        )
     version = current[event_type]
     click.echo(version.canonical if canonical else json.dumps(version.schema, indent=2))
 

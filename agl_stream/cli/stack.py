@@ -32,7 +32,9 @@ home_option = click.option(
 @click.option("--postgres-port", type=int, help="[env: AGL_STREAM_POSTGRES_PORT; default: 15432]")
 @click.pass_obj
 @friendly_errors
-def up(app: AppContext, home: Path | None, broker_port: int | None, postgres_port: int | None) -> None:
+def up(
+    app: AppContext, home: Path | None, broker_port: int | None, postgres_port: int | None
+) -> None:
     """Start the embedded stack: a Kafka-protocol broker and PostgreSQL on this machine.
 
     Creates the topics and the database schema, and prints the connection settings. Data is
@@ -41,7 +43,9 @@ def up(app: AppContext, home: Path | None, broker_port: int | None, postgres_por
     stack = _stack(home, broker_port, postgres_port)
     with console.status("starting the broker, its storage and PostgreSQL..."):
         state = stack.up()
-    kafka = load(KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=app.topic_prefix)
+    kafka = load(
+        KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=app.topic_prefix
+    )
     database = load(DatabaseSettings, database_url=state.database_url)
     with console.status("applying topics and the database schema..."):
         report = run(apply_topics(kafka))

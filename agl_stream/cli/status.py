@@ -43,7 +43,11 @@ def _render(report: StatusReport, database_url: str) -> None:
         detail = db.detail
         if db.reachable:
             current = db.revision or "none"
-            detail += f", schema {current}" + ("" if db.revision == db.head else f" (newest is {db.head}: run `agl-stream up` or migrate)")
+            detail += f", schema {current}" + (
+                ""
+                if db.revision == db.head
+                else f" (newest is {db.head}: run `agl-stream up` or migrate)"
+            )
         summary.add_row("database", database_url, state)
         summary.add_row("", detail, "")
     if report.broker_detail:

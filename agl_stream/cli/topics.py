@@ -49,11 +49,16 @@ def apply(app: AppContext) -> None:
     for name in report.created:
         table.add_row(name, "[green]created[/]")
     for drift in report.altered:
-        table.add_row(drift.topic, f"[yellow]fixed[/] {drift.setting}: {drift.actual} -> {drift.expected}")
+        table.add_row(
+            drift.topic, f"[yellow]fixed[/] {drift.setting}: {drift.actual} -> {drift.expected}"
+        )
     for name in report.in_sync:
         table.add_row(name, "in sync")
     for drift in report.unfixed:
-        table.add_row(drift.topic, f"[red]drift[/] {drift.setting} is {drift.actual}, expected {drift.expected}")
+        table.add_row(
+            drift.topic,
+            f"[red]drift[/] {drift.setting} is {drift.actual}, expected {drift.expected}",
+        )
     console.print(table)
     if report.unfixed:
         raise SystemExit(1)
@@ -71,6 +76,8 @@ def check(app: AppContext, names: tuple[str, ...]) -> None:
     specs = load_topic_specs()
     unknown = sorted(set(names) - set(specs))
     if unknown:
-        raise click.BadParameter(f"unknown topics {unknown}; defined: {sorted(specs)}", param_hint="NAMES")
+        raise click.BadParameter(
+            f"unknown topics {unknown}; defined: {sorted(specs)}", param_hint="NAMES"
+        )
     run(ensure_topics_ready(app.kafka(), names or tuple(specs)))
     console.print("topics ready")

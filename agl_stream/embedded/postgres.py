@@ -24,10 +24,16 @@ class RunAs:
     uid: int | None = None
     gid: int | None = None
 
-    def kwargs(self) -> dict[str, object]:
-        if self.uid is None:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+    def run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[] if self.uid is not None else None,
+        )
 
 
 def bin_dir() -> Path:
@@ -44,7 +50,14 @@ def run_as() -> RunAs:
         entry = pwd.getpwnam(SYSTEM_USER)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                SYSTEM_USER,
+            ],
             check=True,
             capture_output=True,
         )
@@ -68,7 +81,7 @@ def _check_reachable(path: Path, who: RunAs) -> None:
 
 
 def _run(argv: list[str], who: RunAs, log: Path) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, **who.kwargs())  # type: ignore[call-overload]
+    result = who.run(argv)
     if result.returncode != 0:
         raise StackError(
             f"{Path(argv[0]).name} failed ({result.returncode}): "
@@ -108,11 +121,7 @@ def running(home: Path) -> bool:
     data = home / "postgres"
     if not (data / "postmaster.pid").exists():
         return False
-    result = subprocess.run(
-        [str(bin_dir() / "pg_ctl"), "status", "-D", str(data)],
-        capture_output=True, check=False, **run_as().kwargs(),  # type: ignore[call-overload]
-    )  # fmt: skip
-    return result.returncode == 0
+    return run_as().run([str(bin_dir() / "pg_ctl"), "status", "-D", str(data)]).returncode == 0
 
 
 def stop(home: Path) -> None:

@@ -55,7 +55,7 @@ def docker_available() -> str | None:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if host.startswith("unix://") and not Path(host.removeprefix("unix://")).exists():
         return f"no Docker engine (no socket at {host})"
-    import docker  # noqa: PLC0415 - only where testcontainers runs
+    import docker
 
     try:
         client = docker.from_env(timeout=3)
@@ -72,10 +72,11 @@ def docker_available() -> str | None:
 
 @contextmanager
 def testcontainers() -> Iterator[Backend]:
-    from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
-    from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.postgres import PostgresContainer
 
-    with KafkaContainer("confluentinc/cp-kafka:7.6.1") as kafka, PostgresContainer(
-        "postgres:16", driver=None
-    ) as pg:
+    with (
+        KafkaContainer("confluentinc/cp-kafka:7.6.1") as kafka,
+        PostgresContainer("postgres:16", driver=None) as pg,
+    ):
         yield Backend("testcontainers", kafka.get_bootstrap_server(), pg.get_connection_url())

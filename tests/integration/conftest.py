@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -57,10 +58,8 @@ async def kafka(backend: Backend, unique: str) -> AsyncIterator[KafkaSettings]:
     yield settings
     async with admin_client(settings) as admin:
         names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        try:
+        with contextlib.suppress(Exception):  # cleanup is best effort
             await asyncio.wait_for(admin.delete_topics(names), 10)
-        except Exception:  # noqa: BLE001 - cleanup is best effort
-            pass
 
 
 @pytest.fixture

@@ -29,16 +29,18 @@ def examples(strategy: st.SearchStrategy[E], n: int) -> list[E]:
         return [strategy.example().model_copy(update={"event_id": uuid.uuid4()}) for _ in range(n)]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if await check():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
-async def wait_for_assignment(consumers: list[AIOKafkaConsumer], total: int, timeout: float = 60) -> None:
+async def wait_for_assignment(
+    consumers: list[AIOKafkaConsumer], total: int, within: float = 60
+) -> None:
     """Poll every member until the group has settled with each member owning partitions."""
 
     async def settled() -> bool:
@@ -47,12 +49,12 @@ async def wait_for_assignment(consumers: list[AIOKafkaConsumer], total: int, tim
         sizes = [len(c.assignment()) for c in consumers]
         return all(sizes) and sum(sizes) == total
 
-    await eventually(settled, timeout, "the consumer group to settle")
+    await eventually(settled, within, "the consumer group to settle")
 
 
 async def invoke_cli(*args: str) -> Result:
     """Run the CLI as a user would, off the test's event loop (commands run their own)."""
-    from agl_stream.cli.main import cli  # noqa: PLC0415
+    from agl_stream.cli.main import cli
 
     return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
 

@@ -9,12 +9,12 @@ import uuid
 
 import fastavro
 
+from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.codec import MARKER, Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
-from agl_stream.cli.dlq import read_dead_letters
 from tests.integration.helpers import eventually, examples
 from tests.unit.strategies import EVENT_STRATEGIES
 
@@ -35,7 +35,9 @@ def foreign_record() -> bytes:
     body = io.BytesIO()
     fastavro.schemaless_writer(body, FOREIGN, {"amount": 12})
     fingerprint = bytes.fromhex(
-        fastavro.schema.fingerprint(fastavro.schema.to_parsing_canonical_form(FOREIGN), "CRC-64-AVRO")
+        fastavro.schema.fingerprint(
+            fastavro.schema.to_parsing_canonical_form(FOREIGN), "CRC-64-AVRO"
+        )
     )
     return MARKER + fingerprint + body.getvalue()
 
@@ -70,14 +72,21 @@ async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings
         publisher = EventPublisher(prod, topics)
         for short in EVENT_TOPICS:
             for label, value in bad_records(codec, short).items():
-                meta = await prod.send_and_wait(topics.name(short), value, key=b"k-" + label.encode(), headers=[("origin", b"test")])
+                meta = await prod.send_and_wait(
+                    topics.name(short),
+                    value,
+                    key=b"k-" + label.encode(),
+                    headers=[("origin", b"test")],
+                )
                 sent_bad[(meta.topic, meta.partition, meta.offset)] = label
             # a good event after the bad ones: the consumer must still deliver it
             event = examples(EVENT_STRATEGIES[EVENT_TOPICS[short]], 1)[0]
             await publisher.publish(short, event)
             good_ids.add(event.event_id)
 
-        async with consumer(kafka, *names, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=500) as c:
+        async with consumer(
+            kafka, *names, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=500
+        ) as c:
             stream = EventStream(c, prod, topics, consumer_name=group)
             delivered: list[ConsumedEvent] = []
             dead = 0

@@ -27,7 +27,14 @@ async def _invoke(*args: str) -> str:
 async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
     home = traversable(tmp_path) / "stack"
     broker_port, pg_port = pick_port(22_000, 30_000), pick_port(22_000, 30_000)
-    flags = ["--home", str(home), "--broker-port", str(broker_port), "--postgres-port", str(pg_port)]
+    flags = [
+        "--home",
+        str(home),
+        "--broker-port",
+        str(broker_port),
+        "--postgres-port",
+        str(pg_port),
+    ]
     stack = EmbeddedStack(StackSettings(home=home, broker_port=broker_port, postgres_port=pg_port))
     try:
         output = await _invoke("up", *flags)
@@ -42,7 +49,9 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
         written = examples(EVENT_STRATEGIES["RolloutQueued"], 30)
         async with producer(kafka) as prod:
             await EventPublisher(prod, topics).publish_many("tasks", written)
-            async with consumer(kafka, topics.name("tasks"), group_id="keeper", session_timeout_ms=6000) as c:
+            async with consumer(
+                kafka, topics.name("tasks"), group_id="keeper", session_timeout_ms=6000
+            ) as c:
                 stream = EventStream(c, prod, topics, "keeper")
                 got: list[object] = []
 
@@ -61,7 +70,14 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
         await _invoke("up", *flags)
         assert stack.running() is not None
         report = json.loads(
-            await _invoke("--bootstrap-servers", state.bootstrap_servers, "--database-url", state.database_url, "status", "--json")
+            await _invoke(
+                "--bootstrap-servers",
+                state.bootstrap_servers,
+                "--database-url",
+                state.database_url,
+                "status",
+                "--json",
+            )
         )
         tasks = next(t for t in report["topics"] if t["name"] == "agl.tasks")
         assert sum(tasks["end_offsets"]) == len(written)
@@ -69,7 +85,10 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
         assert keeper["lag"]["agl.tasks"] == len(written) - len(got)
         assert report["database"]["revision"] == "0001"
 
-        async with producer(kafka) as prod, consumer(kafka, topics.name("tasks"), group_id="reader") as c:
+        async with (
+            producer(kafka) as prod,
+            consumer(kafka, topics.name("tasks"), group_id="reader") as c,
+        ):
             stream = EventStream(c, prod, topics, "reader")
             again: list[object] = []
 

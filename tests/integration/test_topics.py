@@ -16,7 +16,9 @@ from tests.integration.helpers import invoke_cli
 @pytest.fixture
 def bare(backend: Backend, unique: str) -> KafkaSettings:
     """Settings whose topics do not exist yet."""
-    return load(KafkaSettings, bootstrap_servers=backend.bootstrap_servers, topic_prefix=f"b{unique}.")
+    return load(
+        KafkaSettings, bootstrap_servers=backend.bootstrap_servers, topic_prefix=f"b{unique}."
+    )
 
 
 async def test_apply_creates_then_changes_nothing(bare: KafkaSettings) -> None:
@@ -43,16 +45,41 @@ async def test_missing_topics_stop_a_worker_with_the_fix(bare: KafkaSettings) ->
 
 async def test_wrong_partition_count_is_drift_that_apply_will_not_hide(bare: KafkaSettings) -> None:
     async with admin_client(bare) as admin:
-        await admin.create_topics([NewTopic(bare.topic("tasks"), 2, 1, topic_configs=load_topic_specs()["tasks"].configs())])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    bare.topic("tasks"), 2, 1, topic_configs=load_topic_specs()["tasks"].configs()
+                )
+            ]
+        )
     report = await apply_topics(bare)
     assert [(d.topic, d.setting, d.actual, d.expected) for d in report.unfixed] == [
         (bare.topic("tasks"), "partitions", "2", "8")
     ]
     with pytest.raises(TopicsNotReady, match="partitions is 2, expected 8"):
         await ensure_topics_ready(bare, ["tasks"])
-    result = await invoke_cli(*["--bootstrap-servers", bare.bootstrap_servers, "--topic-prefix", bare.topic_prefix, "topics", "check", "tasks"])
+    result = await invoke_cli(
+        *[
+            "--bootstrap-servers",
+            bare.bootstrap_servers,
+            "--topic-prefix",
+            bare.topic_prefix,
+            "topics",
+            "check",
+            "tasks",
+        ]
+    )
     assert result.exit_code == 1
     assert "partitions is 2, expected 8" in result.output
-    result = await invoke_cli(*["--bootstrap-servers", bare.bootstrap_servers, "--topic-prefix", bare.topic_prefix, "topics", "apply"])
+    result = await invoke_cli(
+        *[
+            "--bootstrap-servers",
+            bare.bootstrap_servers,
+            "--topic-prefix",
+            bare.topic_prefix,
+            "topics",
+            "apply",
+        ]
+    )
     assert result.exit_code == 1
     assert "drift" in result.output

@@ -37,7 +37,9 @@ def test_bad_bootstrap_servers_is_a_usage_error() -> None:
 
 
 def test_bad_environment_is_a_usage_error() -> None:
-    result = CliRunner().invoke(cli, ["topics", "apply"], env={"AGL_STREAM_SECURITY_PROTOCOL": "TLS"})
+    result = CliRunner().invoke(
+        cli, ["topics", "apply"], env={"AGL_STREAM_SECURITY_PROTOCOL": "TLS"}
+    )
     assert result.exit_code == 2
     assert "AGL_STREAM_SECURITY_PROTOCOL 'TLS'" in result.output
 

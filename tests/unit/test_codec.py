@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -70,11 +71,9 @@ def test_attribute_types_survive() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_raise_decode_error_only(data: bytes) -> None:
-    try:
+    # A random buffer that happens to decode is fine; anything but DecodeError must not escape.
+    with contextlib.suppress(DecodeError):
         codec.decode(data)
-    except DecodeError as exc:
-        assert exc.reason and exc.kind
-    # A random buffer that happens to decode is fine; anything else must not escape.
 
 
 @settings(max_examples=200, deadline=None)
@@ -84,17 +83,15 @@ def test_corrupted_bodies_raise_decode_error_only(event_type: str, data: st.Data
     position = data.draw(st.integers(10, len(good) - 1))
     flipped = bytearray(good)
     flipped[position] ^= data.draw(st.integers(1, 255))
-    try:
+    with contextlib.suppress(DecodeError):
         codec.decode(bytes(flipped))
-    except DecodeError:
-        pass
 
 
 @pytest.mark.parametrize(
     ("data", "kind", "words"),
     [
         (b"", "not_single_object", "single-object"),
-        (b"{\"json\": true}", "not_single_object", "single-object"),
+        (b'{"json": true}', "not_single_object", "single-object"),
         (MARKER + b"\x00" * 8 + b"\x02", "unknown_schema", "unknown schema fingerprint"),
     ],
 )

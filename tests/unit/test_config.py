@@ -39,7 +39,11 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("env", "value", "words"),
     [
-        ("AGL_STREAM_BOOTSTRAP_SERVERS", "localhost", "--bootstrap-servers / AGL_STREAM_BOOTSTRAP_SERVERS 'localhost'"),
+        (
+            "AGL_STREAM_BOOTSTRAP_SERVERS",
+            "localhost",
+            "--bootstrap-servers / AGL_STREAM_BOOTSTRAP_SERVERS 'localhost'",
+        ),
         ("AGL_STREAM_BOOTSTRAP_SERVERS", "host:99999", "expected host:port"),
         ("AGL_STREAM_SECURITY_PROTOCOL", "TLS", "AGL_STREAM_SECURITY_PROTOCOL 'TLS'"),
         ("AGL_STREAM_REPLICATION_FACTOR", "zero", "AGL_STREAM_REPLICATION_FACTOR"),
@@ -47,7 +51,9 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         ("AGL_STREAM_SSL_CAFILE", "/nonexistent/ca.pem", "does not exist"),
     ],
 )
-def test_bad_kafka_values_are_named(monkeypatch: pytest.MonkeyPatch, env: str, value: str, words: str) -> None:
+def test_bad_kafka_values_are_named(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, words: str
+) -> None:
     monkeypatch.setenv(env, value)
     with pytest.raises(ConfigError) as info:
         load(KafkaSettings)
@@ -55,7 +61,9 @@ def test_bad_kafka_values_are_named(monkeypatch: pytest.MonkeyPatch, env: str, v
     assert str(info.value).startswith("Invalid")
 
 
-def test_sasl_needs_credentials_and_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sasl_needs_credentials_and_never_prints_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("AGL_STREAM_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
     monkeypatch.setenv("AGL_STREAM_SASL_MECHANISM", "SCRAM-SHA-512")
     with pytest.raises(ConfigError, match="AGL_STREAM_SASL_USERNAME"):

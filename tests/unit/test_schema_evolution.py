@@ -41,7 +41,9 @@ def test_bytes_written_by_a_release_decode_today(release: str) -> None:
         datum = GOLDEN_EVENTS[event_type].model_dump(mode="python")
         keep = {f["name"] for f in version.schema["fields"]}
         buffer = io.BytesIO()
-        fastavro.schemaless_writer(buffer, version.parsed, {k: v for k, v in datum.items() if k in keep})
+        fastavro.schemaless_writer(
+            buffer, version.parsed, {k: v for k, v in datum.items() if k in keep}
+        )
         decoded = codec.decode(b"\xc3\x01" + version.fingerprint + buffer.getvalue())
         assert decoded.event_id == GOLDEN_EVENTS[event_type].event_id
 
@@ -126,7 +128,10 @@ def test_checker_agrees_with_fastavro_on_an_accepted_change() -> None:
     old_parsed = fastavro.parse_schema(copy.deepcopy(CURRENT["AttemptStarted"]))
     new_parsed = fastavro.parse_schema(copy.deepcopy(schema))
     datum = GOLDEN_EVENTS["AttemptStarted"].model_dump(mode="python")
-    for writer, reader, value in ((old_parsed, new_parsed, datum), (new_parsed, old_parsed, {**datum, "host": "h"})):
+    for writer, reader, value in (
+        (old_parsed, new_parsed, datum),
+        (new_parsed, old_parsed, {**datum, "host": "h"}),
+    ):
         buffer = io.BytesIO()
         fastavro.schemaless_writer(buffer, writer, value)
         buffer.seek(0)

