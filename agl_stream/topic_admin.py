@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from aiokafka.admin import NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import IncompatibleBrokerVersion
 
 from agl_stream.config import KafkaSettings
 from agl_stream.kafka import admin_client
@@ -84,22 +85,34 @@ async def apply_topics(
                     for s in plan.create
                 ]
             )
-        if fixable:
-            by_topic: dict[str, dict[str, str]] = {}
-            for d in fixable:
-                by_topic.setdefault(d.topic, {})[d.setting] = d.expected
-            await admin.alter_configs(
-                [
-                    ConfigResource(ConfigResourceType.TOPIC, topic, configs=values)
-                    for topic, values in by_topic.items()
-                ]
-            )
+        altered = await _alter(admin, fixable)
+    left = tuple(d for d in fixable if d not in altered)
     return ApplyReport(
         created=tuple(s.full_name(settings.topic_prefix) for s in plan.create),
-        altered=tuple(fixable),
-        unfixed=plan.unfixable,
+        altered=altered,
+        unfixed=plan.unfixable + left,
         in_sync=plan.in_sync,
     )
+
+
+async def _alter(admin: AIOKafkaAdminClient, drift: list[Drift]) -> tuple[Drift, ...]:
+    """Alter topic configs in place; nothing when the broker has no AlterConfigs API (the
+    drift is then reported as unfixed rather than failing the whole apply)."""
+    if not drift:
+        return ()
+    by_topic: dict[str, dict[str, str]] = {}
+    for d in drift:
+        by_topic.setdefault(d.topic, {})[d.setting] = d.expected
+    try:
+        await admin.alter_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, topic, configs=values)
+                for topic, values in by_topic.items()
+            ]
+        )
+    except IncompatibleBrokerVersion:
+        return ()
+    return tuple(drift)
 
 
 async def ensure_topics_ready(settings: KafkaSettings, short_names: Iterable[str]) -> None:

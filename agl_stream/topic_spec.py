@@ -154,6 +154,11 @@ def _drift(spec: TopicSpec, name: str, seen: ObservedTopic, replication: int) ->
     return out
 
 
+# Drift that changes what a worker would compute: where keys live, and whether old values
+# of a key survive. Retention and compression drift are reported by `topics apply` only.
+BLOCKING = frozenset({"partitions", "cleanup.policy"})
+
+
 def readiness_problems(
     needed: Iterable[TopicSpec],
     observed: Mapping[str, ObservedTopic],
@@ -161,20 +166,23 @@ def readiness_problems(
     replication_factor: int,
 ) -> list[str]:
     """Why a worker must not start on this broker: one sentence per problem, each saying how
-    to fix it. Empty when every topic the worker uses exists as specified."""
+    to fix it. Empty when every topic the worker uses exists and is partitioned and cleaned
+    up as specified."""
     plan = plan_topics(needed, observed, prefix, replication_factor)
     problems = [
         f"topic {s.full_name(prefix)} does not exist: run `agl-stream topics apply`"
         for s in plan.create
     ]
     for d in plan.drift:
-        if d.fixable:
-            problems.append(f"{d.describe()}: run `agl-stream topics apply` to fix it")
-        elif d.setting == "partitions":
+        if d.setting == "partitions":
             problems.append(
                 f"{d.describe()}: the partition count decides where each key lives, so it "
                 "cannot change in place; recreate the topic (losing its data) or set "
                 "partitions in topics/ to match"
             )
-        # A different replication factor is the operator's choice, not a reason to stop.
+        elif d.setting in BLOCKING:
+            problems.append(
+                f"{d.describe()}: run `agl-stream topics apply`, or recreate the topic where "
+                "the broker cannot alter topic configs"
+            )
     return problems

@@ -83,3 +83,24 @@ async def test_wrong_partition_count_is_drift_that_apply_will_not_hide(bare: Kaf
     )
     assert result.exit_code == 1
     assert "drift" in result.output
+
+
+async def test_config_drift_is_fixed_or_reported_never_silent(bare: KafkaSettings) -> None:
+    spec = load_topic_specs()["spans"]
+    async with admin_client(bare) as admin:
+        wrong = {**spec.configs(), "retention.ms": "1000"}
+        await admin.create_topics(
+            [NewTopic(bare.topic("spans"), spec.partitions, 1, topic_configs=wrong)]
+        )
+    report = await apply_topics(bare, [spec])
+    drift = [(d.setting, d.actual, d.expected) for d in (*report.altered, *report.unfixed)]
+    assert drift == [("retention.ms", "1000", str(spec.retention_ms))]
+    observed = (await observe_topics(bare, [bare.topic("spans")]))[bare.topic("spans")]
+    if report.altered:  # the broker can alter configs in place (Apache Kafka)
+        assert observed.configs["retention.ms"] == str(spec.retention_ms)
+    else:  # it cannot (the embedded broker): `topics apply` keeps saying so, and fails
+        flags = ["--bootstrap-servers", bare.bootstrap_servers, "--topic-prefix", bare.topic_prefix]
+        result = await invoke_cli(*flags, "topics", "apply")
+        assert result.exit_code == 1
+        assert "retention.ms is 1000" in result.output
+    await ensure_topics_ready(bare, ["spans"])  # retention alone does not stop a worker

@@ -80,6 +80,15 @@ def test_readiness_names_each_problem_and_its_fix() -> None:
     assert "recreate the topic" in problems[1]
 
 
+def test_cleanup_policy_drift_blocks_a_worker_but_retention_does_not() -> None:
+    observed = _observed()
+    configs = {**SPECS["resources"].configs(), "cleanup.policy": "delete", "retention.ms": "5"}
+    observed["agl.resources"] = ObservedTopic("agl.resources", 1, 1, configs)
+    problems = readiness_problems([SPECS["resources"]], observed, "agl.", 1)
+    assert len(problems) == 1
+    assert problems[0].startswith("agl.resources: cleanup.policy is delete, expected compact")
+
+
 def test_prefix_applies() -> None:
     plan = plan_topics(SPECS.values(), _observed(prefix="team-a."), "team-a.", 1)
     assert plan.create == ()
