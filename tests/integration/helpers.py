@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NonInteractiveExampleWarning
 
 from agl_stream.events import Event
+from agl_stream.streams import ConsumedEvent, EventStream
 
 E = TypeVar("E", bound=Event)
 
@@ -68,3 +69,20 @@ def traversable(path: Path) -> Path:
             break
         directory.chmod(directory.stat().st_mode | 0o001)
     return path
+
+
+async def collect(
+    stream: EventStream, count: int, within: float = 60, commit: bool = True
+) -> list[ConsumedEvent]:
+    """Read from a stream until `count` events arrived, committing each batch."""
+    got: list[ConsumedEvent] = []
+
+    async def enough() -> bool:
+        batch = await stream.next_batch(timeout_ms=100)
+        got.extend(batch)
+        if commit:
+            await stream.commit(batch)
+        return len(got) >= count
+
+    await eventually(enough, within, f"{count} events")
+    return got

@@ -15,7 +15,7 @@ from agl_stream.events import Event
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
 from agl_stream.topic_spec import load_topic_specs
-from tests.integration.helpers import eventually, examples, wait_for_assignment
+from tests.integration.helpers import collect, eventually, examples, wait_for_assignment
 from tests.unit.strategies import EVENT_STRATEGIES
 
 # The smallest session timeout brokers accept by default: a member that left without saying
@@ -92,28 +92,12 @@ async def test_committed_offsets_resume_a_new_member(kafka: KafkaSettings) -> No
         publisher = EventPublisher(prod, topics)
         await publisher.publish_many("spans", first)
         async with consumer(kafka, topics.name("spans"), group_id=group, **FAST_GROUP) as c:
-            stream = EventStream(c, prod, topics, group)
-            got: list[ConsumedEvent] = []
-
-            async def drained() -> bool:
-                batch = await stream.next_batch(timeout_ms=100)
-                got.extend(batch)
-                await stream.commit(batch)
-                return len(got) >= len(first)
-
-            await eventually(drained, 60, "the first events")
+            await collect(EventStream(c, prod, topics, group), len(first))
         await publisher.publish_many("spans", second)
         async with consumer(kafka, topics.name("spans"), group_id=group, **FAST_GROUP) as c:
             stream = EventStream(c, prod, topics, group)
-            again: list[ConsumedEvent] = []
-
-            async def resumed() -> bool:
-                batch = await stream.next_batch(timeout_ms=100)
-                again.extend(batch)
-                return len(again) >= len(second)
-
-            await eventually(resumed, 60, "the second events")
-            await asyncio.sleep(0.5)
+            again = await collect(stream, len(second), commit=False)
+            await asyncio.sleep(0.5)  # nothing from before the commit comes again
             again.extend(await stream.next_batch(timeout_ms=200))
     assert {e.event.event_id for e in again} == {e.event_id for e in second}
 

@@ -12,7 +12,7 @@ from agl_stream.embedded.process import alive, pick_port
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import EventPublisher, EventStream, Topics
-from tests.integration.helpers import eventually, examples, invoke_cli, traversable
+from tests.integration.helpers import collect, examples, invoke_cli, traversable
 from tests.unit.strategies import EVENT_STRATEGIES
 
 pytestmark = pytest.mark.slow
@@ -52,16 +52,7 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
             async with consumer(
                 kafka, topics.name("tasks"), group_id="keeper", session_timeout_ms=6000
             ) as c:
-                stream = EventStream(c, prod, topics, "keeper")
-                got: list[object] = []
-
-                async def first_ten() -> bool:
-                    batch = await stream.next_batch(timeout_ms=100, max_records=10)
-                    got.extend(batch)
-                    await stream.commit(batch)
-                    return len(got) >= 10
-
-                await eventually(first_ten, 60, "ten events")
+                got = await collect(EventStream(c, prod, topics, "keeper"), 10)
 
         await _invoke("down", "--home", str(home))
         assert not alive(state.broker_pid) and not alive(state.seaweed_pid)
@@ -89,14 +80,7 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
             producer(kafka) as prod,
             consumer(kafka, topics.name("tasks"), group_id="reader") as c,
         ):
-            stream = EventStream(c, prod, topics, "reader")
-            again: list[object] = []
-
-            async def all_back() -> bool:
-                again.extend(await stream.next_batch(timeout_ms=100))
-                return len(again) >= len(written)
-
-            await eventually(all_back, 60, "the events written before down")
-        assert {e.event.event_id for e in again} == {e.event_id for e in written}  # type: ignore[attr-defined]
+            again = await collect(EventStream(c, prod, topics, "reader"), len(written))
+        assert {e.event.event_id for e in again} == {e.event_id for e in written}
     finally:
         stack.down()
