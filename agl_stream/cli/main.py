@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from agl_stream import __version__
-from agl_stream.cli import db, dlq, schemas, stack, status, topics
+from agl_stream.cli import db, dlq, enqueue, schemas, stack, status, topics, worker
 from agl_stream.cli.common import AppContext
 
 
@@ -48,3 +48,5 @@ cli.add_command(topics.topics)
 cli.add_command(schemas.schemas)
 cli.add_command(dlq.dlq)
 cli.add_command(db.db)
+cli.add_command(enqueue.enqueue_command)
+cli.add_command(worker.worker)

@@ -1,0 +1,128 @@
+"""Agents: plain functions (sync or async) decorated with @rollout, or LitAgent subclasses."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl_stream.events import LLM, Checkpoint, PromptTemplate, RolloutMode
+
+NamedResources = Mapping[str, LLM | PromptTemplate | Checkpoint]
+AgentResult = float | int | None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The identity of the attempt an agent runs in."""
+
+    rollout_id: str
+    attempt_id: str
+    attempt_number: int
+    mode: RolloutMode
+    resources_id: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class LitAgent:
+    """Base class for stateful agents: override `rollout` (sync) or `rollout_async`."""
+
+    def rollout(self, task: Any, resources: NamedResources, rollout: Rollout) -> AgentResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement rollout or rollout_async")
+
+    async def rollout_async(
+        self, task: Any, resources: NamedResources, rollout: Rollout
+    ) -> AgentResult:
+        # Sync agents run in a thread so the runner's event loop keeps serving other rollouts.
+        return await asyncio.to_thread(self.rollout, task, resources, rollout)
+
+
+class FunctionAgent(LitAgent):
+    """A plain function as an agent. Its first parameter gets the task; parameters named
+    `resources` or `rollout` get those; a parameter named like a resource, or annotated with
+    a resource type of which there is exactly one, gets that resource."""
+
+    def __init__(self, func: Callable[..., AgentResult | Awaitable[AgentResult]]) -> None:
+        self.func = func
+        self.name = getattr(func, "__qualname__", repr(func))
+        self._params = list(inspect.signature(func).parameters.values())
+        if not self._params:
+            raise TypeError(f"agent {self.name} must take the task as its first parameter")
+        self._is_async = inspect.iscoroutinefunction(func)
+
+    def _arguments(self, task: Any, resources: NamedResources, rollout: Rollout) -> list[Any]:
+        args: list[Any] = [task]
+        for param in self._params[1:]:
+            args.append(self._argument(param, resources, rollout))
+        return args
+
+    def _argument(
+        self, param: inspect.Parameter, resources: NamedResources, rollout: Rollout
+    ) -> Any:
+        if param.name == "resources":
+            return resources
+        if param.name == "rollout":
+            return rollout
+        if param.name in resources:
+            return resources[param.name]
+        kinds = {"LLM": LLM, "PromptTemplate": PromptTemplate, "Checkpoint": Checkpoint}
+        annotation = param.annotation
+        wanted = kinds.get(annotation) if isinstance(annotation, str) else annotation
+        if isinstance(wanted, type):
+            matches = [r for r in resources.values() if isinstance(r, wanted)]
+            if len(matches) == 1:
+                return matches[0]
+        if param.default is not inspect.Parameter.empty:
+            return param.default
+        raise TypeError(
+            f"agent {self.name}: no resource for parameter {param.name!r}; "
+            f"resources of this attempt: {sorted(resources)}"
+        )
+
+    async def rollout_async(
+        self, task: Any, resources: NamedResources, rollout: Rollout
+    ) -> AgentResult:
+        args = self._arguments(task, resources, rollout)
+        if self._is_async:
+            pending = self.func(*args)
+            assert inspect.isawaitable(pending)
+            return await pending
+        return await asyncio.to_thread(self.func, *args)  # type: ignore[arg-type]
+
+
+def rollout(func: Callable[..., Any]) -> FunctionAgent:
+    """Decorate a function (sync or async) as an agent."""
+    return FunctionAgent(func)
+
+
+def as_agent(obj: object) -> LitAgent:
+    if isinstance(obj, LitAgent):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, LitAgent):
+        return obj()
+    if callable(obj):
+        return FunctionAgent(obj)
+    raise TypeError(f"{obj!r} is not an agent: use @rollout on a function or subclass LitAgent")
+
+
+def load_agent(spec: str) -> LitAgent:
+    """Import "package.module:attribute" and make an agent of it."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"agent {spec!r} must look like package.module:attribute")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as uvicorn and gunicorn do: agents live in projects
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return as_agent(obj)

@@ -1,0 +1,108 @@
+"""`agl-stream enqueue`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.enqueue import EnqueueError, RolloutOptions, enqueue, read_tasks
+from agl_stream.events import AttemptStatus, RolloutMode
+
+RETRYABLE = ["failed", "timeout", "unresponsive"]
+
+
+def _metadata(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
+        out[key] = value
+    return out
+
+
+@click.command("enqueue")
+@click.argument("source", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "json", "parquet"]),
+    help="File format. [default: from the file name; JSONL on stdin]",
+)
+@click.option(
+    "--mode", type=click.Choice([m.value for m in RolloutMode]), default="train", show_default=True
+)
+@click.option("--resources-id", help="Run with this resources version instead of the latest.")
+@click.option(
+    "--timeout",
+    "timeout_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds an attempt may run.",
+)
+@click.option(
+    "--unresponsive",
+    "unresponsive_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds without a span before an attempt counts as unresponsive.",
+)
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=1, show_default=True)
+@click.option(
+    "--retry-on",
+    multiple=True,
+    type=click.Choice(RETRYABLE),
+    help="Attempt outcome that requeues the rollout (repeatable).",
+)
+@click.option(
+    "--metadata", multiple=True, metavar="KEY=VALUE", help="Metadata on every rollout (repeatable)."
+)
+@click.option("--print-ids", is_flag=True, help="Print the rollout ids, one per line.")
+@click.pass_obj
+@friendly_errors
+def enqueue_command(
+    app: AppContext,
+    source: Path | None,
+    fmt: str | None,
+    mode: str,
+    resources_id: str | None,
+    timeout_seconds: float | None,
+    unresponsive_seconds: float | None,
+    max_attempts: int,
+    retry_on: tuple[str, ...],
+    metadata: tuple[str, ...],
+    print_ids: bool,
+) -> None:
+    """Queue one rollout per task input read from SOURCE (.jsonl, .json or .parquet) or,
+    without SOURCE, from JSONL on standard input. Task inputs that are objects with a
+    string "rollout_id" keep it as their id."""
+    if source is not None and not source.is_file():
+        raise click.BadParameter(f"no such file: {source}", param_hint="SOURCE")
+    options = RolloutOptions(
+        mode=RolloutMode(mode), resources_id=resources_id, timeout_seconds=timeout_seconds,
+        unresponsive_seconds=unresponsive_seconds, max_attempts=max_attempts,
+        retry_condition=tuple(AttemptStatus(s) for s in retry_on), metadata=_metadata(metadata),
+    )  # fmt: skip
+    try:
+        tasks = list(read_tasks(source, fmt, sys.stdin))
+    except EnqueueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+    if not tasks:
+        raise click.UsageError("no task inputs to queue")
+    columns = (TextColumn("queuing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=print_ids) as progress:
+        bar = progress.add_task("queuing", total=len(tasks))
+        try:
+            ids = run(
+                enqueue(app.kafka(), tasks, options, on_sent=lambda n: progress.advance(bar, n))
+            )
+        except EnqueueError as exc:
+            raise click.UsageError(str(exc)) from None
+    if print_ids:
+        click.echo("\n".join(ids))
+    else:
+        console.print(
+            f"queued {len(ids)} rollouts on {app.kafka().topic('tasks')}", highlight=False
+        )

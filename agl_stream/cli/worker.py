@@ -1,0 +1,112 @@
+"""`agl-stream worker --role ...`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import click
+
+from agl_stream.agent.api import load_agent
+from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.config import current_role
+from agl_stream.runner.worker import Runner, RunnerConfig
+
+ROLES = ("runner", "projector", "trainer")
+
+
+@click.command()
+@click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    default=lambda: current_role(),
+    help="What this worker does. [env: AGL_CURRENT_ROLE]",
+)
+@click.option("--agent", "agent_spec", metavar="MODULE:ATTR", help="The agent a runner runs.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    default=16,
+    show_default=True,
+    help="Rollouts a runner runs at once.",
+)
+@click.option("--worker-id", help="Name in heartbeats and attempts. [default: runner-HOST-PID]")
+@click.option(
+    "--group", default="agl-runners", show_default=True, help="Consumer group of the runners."
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to finish in-flight rollouts on SIGTERM before handing them back.",
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between heartbeats.",
+)
+@click.option(
+    "--session-timeout-ms",
+    type=click.IntRange(6000),
+    default=10_000,
+    show_default=True,
+    help="How soon the group notices a runner died.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
+@click.pass_obj
+@friendly_errors
+def worker(
+    app: AppContext,
+    role: str | None,
+    agent_spec: str | None,
+    concurrency: int,
+    worker_id: str | None,
+    group: str,
+    grace: float,
+    heartbeat: float,
+    session_timeout_ms: int,
+    verbose: bool,
+) -> None:
+    """Run a worker: a runner claims rollouts from the tasks topic and runs an agent on them.
+
+    Stop it with Ctrl-C or SIGTERM: it finishes what it runs within --grace seconds and
+    hands back the rest; after a kill -9 another runner takes over its partitions.
+    """
+    if role is None:
+        raise click.UsageError("say which worker to run: --role runner (or set AGL_CURRENT_ROLE)")
+    if role != "runner":
+        raise click.UsageError(f"the {role} role is not part of this release yet; --role runner is")
+    if agent_spec is None:
+        raise click.UsageError("a runner needs --agent MODULE:ATTR, the agent to run")
+    try:
+        agent = load_agent(agent_spec)
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--agent") from None
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = RunnerConfig(
+        agent=agent, concurrency=concurrency, group_id=group, shutdown_grace_seconds=grace,
+        heartbeat_seconds=heartbeat, session_timeout_ms=session_timeout_ms,
+    )  # fmt: skip
+    if worker_id:
+        config.worker_id = worker_id
+    runner = Runner(app.kafka(), config)
+    console.print(
+        f"runner {config.worker_id}: agent {agent_spec}, concurrency {concurrency}", highlight=False
+    )
+    asyncio.run(_run_until_signal(runner))
+    console.print(f"runner {config.worker_id} stopped: {dict(runner.counts)}", highlight=False)
+
+
+async def _run_until_signal(runner: Runner) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runner.run(stop)

@@ -1,0 +1,1 @@
+"""The runner: claims rollouts from the tasks topic and executes agents on them."""

@@ -1,0 +1,145 @@
+"""Running one attempt: the agent under its timeout and unresponsiveness watch, its spans
+streamed to the spans topic and all on the broker before the attempt's outcome is known."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.structs import RecordMetadata
+
+from agl_stream.agent.api import LitAgent, NamedResources, Rollout
+from agl_stream.agent.emit import emit_reward
+from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
+from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
+from agl_stream.streams import EventPublisher
+
+ATTEMPT_SPAN = "agl.attempt"
+WATCH_INTERVAL = 0.05
+
+
+@dataclass
+class Outcome:
+    status: AttemptStatus
+    error: ErrorInfo | None
+    reward: float | None
+    span_count: int
+    cancelled: bool = False  # stopped by a RolloutCancelled
+
+
+@dataclass
+class AttemptHandle:
+    """What the runner can do to an attempt in flight."""
+
+    cancel_requested: ErrorInfo | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def request_cancel(self, error: ErrorInfo) -> None:
+        self.cancel_requested = error
+        self.wake.set()
+
+
+def _error(exc: BaseException) -> ErrorInfo:
+    return ErrorInfo(
+        type=type(exc).__name__,
+        message=str(exc) or type(exc).__name__,
+        traceback="".join(traceback.format_exception(exc))[-8000:],
+    )
+
+
+async def execute(
+    agent: LitAgent,
+    task: RolloutQueued,
+    rollout: Rollout,
+    resources: NamedResources,
+    publisher: EventPublisher,
+    handle: AttemptHandle,
+    flush_seconds: float = 0.2,
+) -> Outcome:
+    recorder = AttemptRecorder(task.rollout_id, rollout.attempt_id)
+    sent: list[asyncio.Future[RecordMetadata]] = []
+
+    async def pump() -> None:
+        spans = recorder.take(len(sent))
+        for span in spans:
+            sent.append(await publisher.send("spans", span))
+
+    async def call_agent() -> Any:
+        current_recorder.set(recorder)
+        attributes = {"agl.rollout_id": task.rollout_id, "agl.attempt_id": rollout.attempt_id}
+        with tracer().start_as_current_span(ATTEMPT_SPAN, attributes=attributes):
+            result = await agent.rollout_async(json.loads(task.input_json), resources, rollout)
+            if isinstance(result, int | float) and not isinstance(result, bool):
+                emit_reward(float(result))
+            return result
+
+    agent_task = asyncio.create_task(call_agent())
+    status, error, cancelled = await _supervise(
+        agent_task, task, recorder, handle, pump, flush_seconds
+    )
+    span_count = recorder.close()
+    await pump()
+    if sent:
+        await asyncio.gather(*sent)
+    return Outcome(status, error, recorder.reward, span_count, cancelled)
+
+
+async def _supervise(
+    agent_task: asyncio.Task[Any],
+    task: RolloutQueued,
+    recorder: AttemptRecorder,
+    handle: AttemptHandle,
+    pump: Any,
+    flush_seconds: float,
+) -> tuple[AttemptStatus, ErrorInfo | None, bool]:
+    started = time.monotonic()
+    last_flush = started
+    try:
+        while not agent_task.done():
+            handle.wake.clear()
+            waiter = asyncio.create_task(handle.wake.wait())
+            await asyncio.wait(
+                {agent_task, waiter}, timeout=WATCH_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+            now = time.monotonic()
+            if agent_task.done():
+                break
+            if handle.cancel_requested is not None:
+                await _stop(agent_task)
+                return AttemptStatus.FAILED, handle.cancel_requested, True
+            if task.timeout_seconds is not None and now - started > task.timeout_seconds:
+                await _stop(agent_task)
+                message = f"the agent ran past the rollout's timeout of {task.timeout_seconds:g} s"
+                return AttemptStatus.TIMEOUT, ErrorInfo(type="Timeout", message=message), False
+            quiet = now - recorder.last_progress
+            if task.unresponsive_seconds is not None and quiet > task.unresponsive_seconds:
+                await _stop(agent_task)
+                limit = task.unresponsive_seconds
+                message = f"no progress (no span) for {quiet:.1f} s, more than {limit:g} s"
+                return (
+                    AttemptStatus.UNRESPONSIVE,
+                    ErrorInfo(type="Unresponsive", message=message),
+                    False,
+                )
+            if now - last_flush >= flush_seconds:
+                await pump()
+                last_flush = now
+    except asyncio.CancelledError:
+        await _stop(agent_task)  # handed back: the attempt is abandoned, not finished
+        raise
+    exc = agent_task.exception()
+    if exc is not None:
+        return AttemptStatus.FAILED, _error(exc), False
+    return AttemptStatus.SUCCEEDED, None, False
+
+
+async def _stop(agent_task: asyncio.Task[Any]) -> None:
+    """Cancel the agent; a sync agent's thread cannot be stopped and is left to finish alone
+    (its late spans are dropped), so wait only briefly."""
+    agent_task.cancel()
+    await asyncio.wait({agent_task}, timeout=1.0)

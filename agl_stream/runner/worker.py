@@ -1,0 +1,437 @@
+"""The runner worker: claims rollouts through the runners' consumer group and runs them.
+
+- Up to `concurrency` attempts at once, several from one partition, so a slow rollout never
+  holds up the ones behind it.
+- A partition's offset is committed only up to its lowest unfinished record: a runner killed
+  at any instant loses nothing; the next owner runs the unfinished records again as new
+  attempts.
+- Before it runs a partition's records, the owner folds that partition of the rollouts
+  topic (partitioned like tasks), so what already finished is not run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from agl_stream.agent.api import LitAgent, Rollout
+from agl_stream.agent.tracing import Tracing
+from agl_stream.codec import Codec, DecodeError
+from agl_stream.config import KafkaSettings
+from agl_stream.events import (
+    AttemptFinished,
+    AttemptStarted,
+    AttemptStatus,
+    ErrorInfo,
+    Event,
+    ResourcesPublished,
+    RolloutCancelled,
+    RolloutFinished,
+    RolloutQueued,
+    RolloutStatus,
+    WorkerHeartbeat,
+    WorkerRole,
+    WorkerStatus,
+)
+from agl_stream.kafka import consumer, end_offsets, producer
+from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
+from agl_stream.runner.ledger import Action, Ledger, cancelled_error
+from agl_stream.runner.offsets import PartitionProgress
+from agl_stream.runner.policy import Requeue, decide
+from agl_stream.runner.resources import ResourceCache
+from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
+from agl_stream.topic_admin import ensure_topics_ready
+
+log = logging.getLogger(__name__)
+RUNNER_GROUP = "agl-runners"
+HAND_BACK_GRACE_SECONDS = 2.0
+RUNNER_TOPICS = ("tasks", "rollouts", "spans", "resources", "workers", "dlq")
+
+
+@dataclass
+class RunnerConfig:
+    agent: LitAgent
+    concurrency: int = 16
+    group_id: str = RUNNER_GROUP
+    worker_id: str = field(default_factory=lambda: f"runner-{socket.gethostname()}-{os.getpid()}")
+    heartbeat_seconds: float = 5.0
+    shutdown_grace_seconds: float = 30.0
+    session_timeout_ms: int = 10_000
+    commit_seconds: float = 0.5
+
+
+@dataclass
+class InFlight:
+    tp: TopicPartition
+    offset: int
+    task: RolloutQueued
+    job: asyncio.Task[None]
+    handle: AttemptHandle = field(default_factory=AttemptHandle)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.runner.hand_back(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.runner.take_over(set(assigned))
+
+
+class Runner:
+    def __init__(self, kafka: KafkaSettings, config: RunnerConfig) -> None:
+        self.kafka = kafka
+        self.config = config
+        self.topics = Topics(kafka)
+        self.ledger = Ledger()
+        self.resources = ResourceCache()
+        self.progress: dict[TopicPartition, PartitionProgress] = {}
+        self.in_flight: dict[tuple[str, int], InFlight] = {}
+        self.counts: Counter[str] = Counter()
+        self._slot_freed = asyncio.Event()
+        self._resources_loaded = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._publisher: EventPublisher | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._committed: dict[TopicPartition, int] = {}
+
+    @property
+    def publisher(self) -> EventPublisher:
+        assert self._publisher is not None, "the runner is not running"
+        return self._publisher
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then finish or hand back in-flight work within the grace."""
+        await ensure_topics_ready(self.kafka, RUNNER_TOPICS)
+        Tracing.install()
+        async with producer(self.kafka, linger_ms=5) as prod:
+            self._producer = prod
+            self._publisher = EventPublisher(prod, self.topics)
+            await self._heartbeat(WorkerStatus.STARTING)
+            resources = asyncio.create_task(self._follow_resources())
+            await self._resources_loaded.wait()
+            heartbeats = asyncio.create_task(self._heartbeats(stop))
+            try:
+                async with consumer(
+                    self.kafka,
+                    group_id=self.config.group_id,
+                    session_timeout_ms=self.config.session_timeout_ms,
+                    heartbeat_interval_ms=max(self.config.session_timeout_ms // 5, 500),
+                    max_poll_interval_ms=max(self.config.session_timeout_ms * 30, 300_000),
+                ) as tasks_consumer:
+                    self._consumer = tasks_consumer
+                    tasks_consumer.subscribe([self.topics.name("tasks")], listener=_Rebalance(self))
+                    stream = EventStream(tasks_consumer, prod, self.topics, self.config.group_id)
+                    await self._loop(stream, stop)
+                    await self._shut_down()
+            finally:
+                heartbeats.cancel()
+                resources.cancel()
+                await self._heartbeat(WorkerStatus.STOPPED)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _loop(self, stream: EventStream, stop: asyncio.Event) -> None:
+        last_commit = time.monotonic()
+        while not stop.is_set():
+            free = self.config.concurrency - len(self.in_flight)
+            consumer_ = self._consumer
+            assert consumer_ is not None
+            if free <= 0:
+                # Full: keep polling (so the group keeps us) with every partition paused.
+                consumer_.pause(*consumer_.assignment())
+                self._slot_freed.clear()
+                await _first(self._slot_freed.wait(), stop.wait(), within=0.5)
+                await consumer_.getmany(timeout_ms=0)
+                continue
+            consumer_.resume(*consumer_.paused())
+            batch = await stream.next_batch(timeout_ms=200, max_records=free)
+            for item in batch:
+                self._handle(item)
+            for tp, next_offset in batch.next_offsets.items():
+                self._progress(tp).advance(next_offset)
+            if time.monotonic() - last_commit >= self.config.commit_seconds:
+                await self.commit()
+                last_commit = time.monotonic()
+
+    def _progress(self, tp: TopicPartition) -> PartitionProgress:
+        return self.progress.setdefault(tp, PartitionProgress())
+
+    def _handle(self, item: ConsumedEvent) -> None:
+        tp = TopicPartition(item.topic, item.partition)
+        event = item.event
+        self.ledger.apply(event)
+        if isinstance(event, RolloutCancelled):
+            for flight in self.in_flight.values():
+                if flight.task.rollout_id == event.rollout_id:
+                    flight.handle.request_cancel(cancelled_error(event))
+            return
+        assert isinstance(event, RolloutQueued)
+        plan = self.ledger.plan(event, set(self.in_flight))
+        if plan.action is Action.SKIP:
+            self.counts["skipped"] += 1
+            return
+        self._progress(tp).started(item.offset)
+        work: Coroutine[Any, Any, None]
+        key = (event.rollout_id, event.attempt_number)
+        if plan.action is Action.RUN:
+            work = self._attempt(key, item.offset, event)
+        elif plan.action is Action.CANCEL:
+            cancel = self.ledger.state(event.rollout_id).cancel
+            assert cancel is not None
+            work = self._end(event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
+        else:
+            assert plan.finished is not None
+            finished = plan.finished
+            outcome = Outcome(finished.status, finished.error, finished.reward, finished.span_count)
+            work = self._apply_decision(event, finished.attempt_id, outcome)
+        job = asyncio.create_task(self._job(key, tp, item.offset, work))
+        self.in_flight[key] = InFlight(tp, item.offset, event, job)
+
+    async def _job(
+        self, key: tuple[str, int], tp: TopicPartition, offset: int, work: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run the work for one record; only when all its events are on the broker is the
+        record finished (and its offset committable)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            self.in_flight.pop(key, None)  # handed back: the next owner runs it again
+            raise
+        except Exception:
+            # Not finished: the offset stays uncommitted and the record runs again after a
+            # restart or a rebalance.
+            log.exception("rollout %s attempt %s could not be recorded", *key)
+            self.in_flight.pop(key, None)
+            self.counts["errors"] += 1
+        else:
+            self.in_flight.pop(key, None)
+            progress = self.progress.get(tp)
+            if progress is not None:
+                progress.finished(offset)
+        finally:
+            self._slot_freed.set()
+
+    # -- one rollout record -----------------------------------------------------------------
+
+    async def _publish(self, short_topic: str, event: Event) -> None:
+        await self.publisher.publish(short_topic, event)
+        if short_topic in ("rollouts", "tasks"):
+            self.ledger.apply(event)
+
+    async def _attempt(self, key: tuple[str, int], offset: int, task: RolloutQueued) -> None:
+        attempt_id = uuid.uuid4().hex
+        try:
+            version = self.resources.resolve(task.resources_id)
+        except KeyError:
+            version = None
+        rollout = Rollout(
+            rollout_id=task.rollout_id,
+            attempt_id=attempt_id,
+            attempt_number=task.attempt_number,
+            mode=task.mode,
+            resources_id=version.resources_id if version else None,
+            metadata=task.metadata,
+        )
+        await self._publish(
+            "rollouts",
+            AttemptStarted(
+                rollout_id=task.rollout_id, attempt_id=attempt_id,
+                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+                resources_id=rollout.resources_id, task_offset=offset,
+            ),
+        )  # fmt: skip
+        if task.resources_id is not None and version is None:
+            message = f"no resources version {task.resources_id!r} has been published"
+            error = ErrorInfo(type="UnknownResources", message=message)
+            outcome = Outcome(AttemptStatus.FAILED, error, None, 0)
+        else:
+            resources = dict(version.resources) if version else {}
+            handle = self.in_flight[key].handle
+            outcome = await execute(
+                self.config.agent, task, rollout, resources, self.publisher, handle
+            )
+        await self._publish(
+            "rollouts",
+            AttemptFinished(
+                rollout_id=task.rollout_id, attempt_id=attempt_id,
+                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+                status=outcome.status, error=outcome.error, span_count=outcome.span_count,
+                reward=outcome.reward,
+            ),
+        )  # fmt: skip
+        self.counts[f"attempts_{outcome.status.value}"] += 1
+        if outcome.cancelled:
+            await self._end(task, attempt_id, RolloutStatus.CANCELLED, outcome.error)
+        else:
+            await self._apply_decision(task, attempt_id, outcome)
+
+    async def _apply_decision(self, task: RolloutQueued, attempt_id: str, outcome: Outcome) -> None:
+        decision = decide(task, attempt_id, outcome.status, outcome.error)
+        if isinstance(decision, Requeue):
+            await self._publish("tasks", decision.queued)
+            self.counts["requeued"] += 1
+        else:
+            await self._end(task, attempt_id, decision.status, decision.error)
+
+    async def _end(
+        self,
+        task: RolloutQueued,
+        attempt_id: str | None,
+        status: RolloutStatus,
+        error: ErrorInfo | None,
+    ) -> None:
+        await self._publish(
+            "rollouts",
+            RolloutFinished(
+                rollout_id=task.rollout_id, status=status, attempt_id=attempt_id,
+                attempt_count=task.attempt_number if attempt_id else task.attempt_number - 1,
+                error=error,
+            ),
+        )  # fmt: skip
+        self.counts[f"rollouts_{status.value}"] += 1
+
+    # -- offsets, partitions ----------------------------------------------------------------
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        assert self._consumer is not None
+        offsets = {}
+        for tp, progress in self.progress.items():
+            position = progress.commit_position()
+            if (
+                position is not None
+                and (only is None or tp in only)
+                and self._committed.get(tp) != position
+            ):
+                offsets[tp] = position
+        if offsets:
+            await self._consumer.commit(offsets)
+            self._committed.update(offsets)
+
+    async def hand_back(self, revoked: set[TopicPartition]) -> None:
+        """Partitions are moving away: stop their attempts (the next owner runs them again)
+        and commit what finished."""
+        jobs = [f.job for f in self.in_flight.values() if f.tp in revoked]
+        if jobs:
+            # A moment to finish (a rebalance revokes everything, even what stays with us).
+            await asyncio.wait(jobs, timeout=HAND_BACK_GRACE_SECONDS)
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        if self._producer is not None:
+            # What a cancelled attempt already sent must be on the broker before the next
+            # owner reads the rollouts partition, or it would run a finished attempt again.
+            await self._producer.flush()
+        if self._consumer is not None:
+            await self.commit(only=revoked)
+        for tp in revoked:
+            self.progress.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    async def take_over(self, assigned: set[TopicPartition]) -> None:
+        """Fold the co-partitioned rollouts partitions before running anything from them."""
+        rollouts = [TopicPartition(self.topics.name("rollouts"), tp.partition) for tp in assigned]
+        if not rollouts:
+            return
+        for event in await read_partitions(self.kafka, rollouts):
+            self.ledger.apply(event)
+
+    async def _shut_down(self) -> None:
+        await self._heartbeat(WorkerStatus.STOPPING)
+        jobs = [f.job for f in self.in_flight.values()]
+        if jobs:
+            await asyncio.wait(jobs, timeout=self.config.shutdown_grace_seconds)
+        await self.hand_back(set(self.progress))
+
+    # -- resources, heartbeats -----------------------------------------------------------------
+
+    async def _follow_resources(self) -> None:
+        """Fold the compacted resources topic from its start, then follow it."""
+        topic = self.topics.name("resources")
+        tps = [TopicPartition(topic, p) for p in range(self.topics.specs["resources"].partitions)]
+        ends: dict[TopicPartition, int] = {}
+        for event in await read_partitions(self.kafka, tps, ends):
+            if isinstance(event, ResourcesPublished):
+                self.resources.apply(event)
+        self._resources_loaded.set()
+        assert self._producer is not None
+        async with consumer(self.kafka) as follower:
+            follower.assign(tps)
+            for tp in tps:
+                follower.seek(tp, ends.get(tp, 0))
+            name = f"{self.config.worker_id}/resources"
+            stream = EventStream(follower, self._producer, self.topics, name)
+            while True:
+                for item in await stream.next_batch(timeout_ms=1000):
+                    if isinstance(item.event, ResourcesPublished):
+                        self.resources.apply(item.event)
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            status = WorkerStatus.BUSY if self.in_flight else WorkerStatus.IDLE
+            await self._heartbeat(status)
+            await _first(stop.wait(), within=self.config.heartbeat_seconds)
+
+    async def _heartbeat(self, status: WorkerStatus) -> None:
+        if self._publisher is None:
+            return
+        await self._publisher.publish(
+            "workers",
+            WorkerHeartbeat(
+                worker_id=self.config.worker_id, role=WorkerRole.RUNNER, status=status,
+                hostname=socket.gethostname(), pid=os.getpid(),
+                current_rollouts=tuple(sorted({key[0] for key in self.in_flight})),
+                counts=dict(self.counts), interval_seconds=self.config.heartbeat_seconds,
+            ),
+        )  # fmt: skip
+
+
+async def read_partitions(
+    kafka: KafkaSettings,
+    partitions: list[TopicPartition],
+    ends_out: dict[TopicPartition, int] | None = None,
+) -> list[Event]:
+    """Every decodable event of the partitions, from their start to their current end
+    (undecodable records are skipped: the consumers that own the topic dead-letter them)."""
+    ends = await end_offsets(kafka, partitions)
+    if ends_out is not None:
+        ends_out.update(ends)
+    pending = {tp for tp in partitions if ends[tp] > 0}
+    codec = Codec()
+    events: list[Event] = []
+    async with consumer(kafka) as reader:
+        reader.assign(partitions)
+        for tp in partitions:
+            reader.seek(tp, 0)
+        while pending:
+            batch = await reader.getmany(*pending, timeout_ms=500)
+            for tp, records in batch.items():
+                for record in records:
+                    with contextlib.suppress(DecodeError):
+                        events.append(codec.decode(record.value))
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+    return events
+
+
+async def _first(*aws: Coroutine[Any, Any, Any], within: float | None = None) -> None:
+    """Wait until the first of `aws` completes, or `within` seconds pass."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,40 @@
+"""Agents the runner tests run (importable as tests.agents:NAME)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agl_stream.agent import LitAgent, NamedResources, Rollout, emit_message, emit_reward, rollout
+
+
+@rollout
+async def behave(task: dict[str, Any], rollout: Rollout) -> float | None:
+    """Does what the task says: sleep, fail on some attempts, stall without spans, emit spans."""
+    for i in range(int(task.get("spans", 2))):
+        emit_message(f"step {i}", step=i)
+        await asyncio.sleep(float(task.get("sleep", 0)) / max(int(task.get("spans", 2)), 1))
+    if rollout.attempt_number in task.get("fail_on_attempts", []):
+        raise ValueError(f"told to fail attempt {rollout.attempt_number}")
+    if task.get("stall"):
+        await asyncio.sleep(float(task["stall"]))
+    if task.get("reject"):
+        raise TypeError("this agent rejects the input")
+    return float(task.get("reward", 1.0))
+
+
+@rollout
+def sync_agent(task: dict[str, Any]) -> None:
+    emit_message("sync")
+    time.sleep(float(task.get("sleep", 0)))
+    emit_reward({"accuracy": 0.5, "length": 1.0}, primary="accuracy")
+
+
+class Prompted(LitAgent):
+    """Uses its resources: records which prompt template it was given."""
+
+    def rollout(self, task: Any, resources: NamedResources, rollout: Rollout) -> float:
+        template = resources.get("prompt")
+        emit_message(getattr(template, "template", "none"), resources_id=rollout.resources_id or "")
+        return 0.0
