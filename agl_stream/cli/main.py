@@ -50,3 +50,7 @@ cli.add_command(dlq.dlq)
 cli.add_command(db.db)
 cli.add_command(enqueue.enqueue_command)
 cli.add_command(worker.worker)
+
+
+if __name__ == "__main__":
+    cli()

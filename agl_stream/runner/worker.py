@@ -159,6 +159,10 @@ class Runner:
                 continue
             consumer_.resume(*consumer_.paused())
             batch = await stream.next_batch(timeout_ms=200, max_records=free)
+            # A cancel later in the batch stops a rollout queued earlier in it from starting.
+            for item in batch:
+                if isinstance(item.event, RolloutCancelled):
+                    self.ledger.apply(item.event)
             for item in batch:
                 self._handle(item)
             for tp, next_offset in batch.next_offsets.items():
