@@ -1,0 +1,54 @@
+"""Kill -9 one of three runner processes while rollouts are in flight: nothing is lost and
+nothing is counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from agl_stream.config import KafkaSettings
+from agl_stream.events import AttemptStatus, RolloutStatus
+from tests.integration.helpers import eventually
+from tests.integration.runs import history, queue, runner_process, wait_terminal
+
+pytestmark = pytest.mark.slow
+
+
+async def test_kill_one_of_three_runners_mid_flight(kafka: KafkaSettings) -> None:
+    tasks = [{"spans": 3, "sleep": 0.6, "reward": 1.0} for _ in range(200)]
+    runners = [await runner_process(kafka, f"kill-test-{i}", concurrency=8) for i in range(3)]
+    try:
+        ids = await queue(kafka, tasks)
+
+        async def some_finished() -> bool:
+            h = await history(kafka, with_spans=False)
+            victims = {s.worker_id for started in h.started.values() for s in started}
+            return len(h.ended) >= 30 and "kill-test-0" in victims
+
+        await eventually(some_finished, 120, "rollouts to be under way on every runner")
+        runners[0].send_signal(signal.SIGKILL)
+        await runners[0].wait()
+        h = await wait_terminal(kafka, ids, 240)
+    finally:
+        for process in runners[1:]:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in runners[1:]:
+            await asyncio.wait_for(process.wait(), 60)
+    interrupted = [
+        r for r in ids if any(s.worker_id == "kill-test-0" for s in h.started[r])
+        and not any(f.worker_id == "kill-test-0" for f in h.finished[r])
+    ]  # fmt: skip
+    for rollout_id in ids:
+        final = h.final(rollout_id)
+        assert final is not None and final.status == RolloutStatus.SUCCEEDED, rollout_id
+        succeeded = [a for a in h.finished[rollout_id] if a.status == AttemptStatus.SUCCEEDED]
+        assert len(succeeded) == 1, (rollout_id, h.finished[rollout_id])
+        spans = h.spans[succeeded[0].attempt_id]
+        assert sorted(s.sequence for s in spans) == list(range(succeeded[0].span_count))
+        assert final.attempt_id == succeeded[0].attempt_id
+    assert runners[1].returncode == 0 and runners[2].returncode == 0
+    # The kill interrupted attempts; those were run again by the survivors.
+    assert interrupted, "the killed runner had nothing in flight; the test proved nothing"
