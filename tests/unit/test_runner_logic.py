@@ -1,0 +1,128 @@
+"""The runner's pure parts: offsets it may commit, retry decisions, and the ledger that keeps
+a restarted or new owner from running finished work again."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agl_stream.events import (
+    AttemptFinished,
+    AttemptStatus,
+    ErrorInfo,
+    RolloutCancelled,
+    RolloutFinished,
+    RolloutMode,
+    RolloutQueued,
+    RolloutStatus,
+)
+from agl_stream.runner.ledger import Action, Ledger
+from agl_stream.runner.offsets import PartitionProgress
+from agl_stream.runner.policy import Finish, Requeue, decide, retry_event_id
+
+
+def queued(
+    n: int = 1, max_attempts: int = 3, retry: tuple[AttemptStatus, ...] = (AttemptStatus.FAILED,)
+) -> RolloutQueued:
+    return RolloutQueued(
+        rollout_id="ro", attempt_number=n, input_json="{}", mode=RolloutMode.TRAIN,
+        max_attempts=max_attempts, retry_condition=retry,
+    )  # fmt: skip
+
+
+def finished(n: int, status: AttemptStatus, attempt_id: str = "a") -> AttemptFinished:
+    return AttemptFinished(
+        rollout_id="ro", attempt_id=f"{attempt_id}{n}", attempt_number=n, worker_id="w",
+        status=status, span_count=0,
+    )  # fmt: skip
+
+
+def test_commit_stops_at_the_lowest_unfinished_offset() -> None:
+    p = PartitionProgress()
+    for offset in (10, 11, 12):
+        p.started(offset)
+    p.finished(11)
+    p.finished(12)
+    assert p.commit_position() == 10
+    p.finished(10)
+    assert p.commit_position() == 13
+    p.advance(20)  # records that needed no work
+    assert p.commit_position() == 20
+
+
+@given(st.lists(st.integers(0, 50), unique=True, min_size=1), st.data())
+def test_commit_never_passes_an_unfinished_record(offsets: list[int], data: st.DataObject) -> None:
+    p = PartitionProgress()
+    for offset in sorted(offsets):
+        p.started(offset)
+    done = data.draw(st.sets(st.sampled_from(offsets)))
+    for offset in done:
+        p.finished(offset)
+    position = p.commit_position()
+    assert position is not None
+    assert all(o >= position for o in offsets if o not in done)
+
+
+def test_success_finishes() -> None:
+    assert decide(queued(), "a1", AttemptStatus.SUCCEEDED, None) == Finish(
+        RolloutStatus.SUCCEEDED, None
+    )
+
+
+def test_retryable_failure_requeues_with_a_deterministic_id() -> None:
+    decision = decide(queued(1), "a1", AttemptStatus.FAILED, ErrorInfo(type="E", message="m"))
+    assert isinstance(decision, Requeue)
+    assert decision.queued.attempt_number == 2
+    assert decision.queued.previous_attempt_id == "a1"
+    assert decision.queued.event_id == retry_event_id("ro", 2)
+    again = decide(queued(1), "a1", AttemptStatus.FAILED, None)
+    assert isinstance(again, Requeue) and again.queued.event_id == decision.queued.event_id
+
+
+def test_no_retry_when_exhausted_or_not_in_condition() -> None:
+    error = ErrorInfo(type="E", message="boom")
+    assert decide(queued(3), "a3", AttemptStatus.FAILED, error) == Finish(
+        RolloutStatus.FAILED, error
+    )
+    timeout = decide(queued(1), "a1", AttemptStatus.TIMEOUT, None)
+    assert isinstance(timeout, Finish) and timeout.status == RolloutStatus.FAILED
+    assert timeout.error is not None and timeout.error.type == "timeout"
+
+
+def test_ledger_runs_new_work_and_skips_finished_rollouts() -> None:
+    ledger = Ledger()
+    assert ledger.plan(queued(), set()).action is Action.RUN
+    ledger.apply(RolloutFinished(rollout_id="ro", status=RolloutStatus.SUCCEEDED, attempt_count=1))
+    assert ledger.plan(queued(), set()).action is Action.SKIP
+
+
+def test_ledger_skips_a_duplicate_of_work_in_flight() -> None:
+    assert Ledger().plan(queued(2), {("ro", 2)}).action is Action.SKIP
+
+
+def test_ledger_decides_again_when_the_decision_was_lost() -> None:
+    """Crash after AttemptFinished, before the retry or the finish was published."""
+    ledger = Ledger()
+    ledger.apply(queued(1))
+    ledger.apply(finished(1, AttemptStatus.FAILED))
+    plan = ledger.plan(queued(1), set())
+    assert plan.action is Action.DECIDE and plan.finished is not None
+    ledger.apply(queued(2))  # the retry is there: nothing more to decide about attempt 1
+    assert ledger.plan(queued(1), set()).action is Action.SKIP
+
+
+def test_ledger_reruns_an_attempt_that_started_but_never_finished() -> None:
+    ledger = Ledger()
+    ledger.apply(queued(2))
+    ledger.apply(finished(1, AttemptStatus.FAILED))
+    assert ledger.plan(queued(2), set()).action is Action.RUN
+
+
+def test_cancel_before_start_and_cancel_after_the_end() -> None:
+    ledger = Ledger()
+    ledger.apply(RolloutCancelled(rollout_id="ro"))
+    assert ledger.plan(queued(), set()).action is Action.CANCEL
+    done = Ledger()
+    done.apply(RolloutFinished(rollout_id="ro", status=RolloutStatus.SUCCEEDED, attempt_count=1))
+    done.apply(RolloutCancelled(rollout_id="ro"))
+    assert done.plan(queued(), set()).action is Action.SKIP
