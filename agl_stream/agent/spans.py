@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ from opentelemetry.trace import SpanKind as OtelKind
 from opentelemetry.trace import StatusCode as OtelStatus
 
 from agl_stream.events import SpanEvent, SpanKind, SpanLink, SpanRecorded, SpanStatus, StatusCode
+from agl_stream.events.base import utc_now
 from agl_stream.events.spans import AttributeValue
 
 _KINDS = {
@@ -51,10 +53,14 @@ def _attrs(attributes: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
 
 
 def to_event(span: ReadableSpan, rollout_id: str, attempt_id: str, sequence: int) -> SpanRecorded:
+    """Built without re-validation: every field comes from the SDK in the right shape (ids
+    formatted here, attributes flattened here), and this runs for every span."""
     context = span.get_span_context()
     assert context is not None
     parent = span.parent
-    return SpanRecorded(
+    return SpanRecorded.model_construct(
+        event_id=uuid.uuid4(),
+        occurred_at=utc_now(),
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         sequence=sequence,
@@ -70,11 +76,13 @@ def to_event(span: ReadableSpan, rollout_id: str, attempt_id: str, sequence: int
         ),
         attributes=_attrs(span.attributes),
         events=tuple(
-            SpanEvent(name=e.name, time_unix_nano=e.timestamp, attributes=_attrs(e.attributes))
+            SpanEvent.model_construct(
+                name=e.name, time_unix_nano=e.timestamp, attributes=_attrs(e.attributes)
+            )
             for e in span.events
         ),
         links=tuple(
-            SpanLink(
+            SpanLink.model_construct(
                 trace_id=f"{link.context.trace_id:032x}",
                 span_id=f"{link.context.span_id:016x}",
                 attributes=_attrs(link.attributes),

@@ -69,6 +69,9 @@ class RunnerConfig:
     shutdown_grace_seconds: float = 30.0
     session_timeout_ms: int = 10_000
     commit_seconds: float = 0.5
+    # Batching: every produce request is a write on the broker's storage; a short linger
+    # collects the spans and lifecycle events of many concurrent attempts into one.
+    linger_ms: int = 10
 
 
 @dataclass
@@ -117,7 +120,7 @@ class Runner:
         """Run until `stop` is set, then finish or hand back in-flight work within the grace."""
         await ensure_topics_ready(self.kafka, RUNNER_TOPICS)
         Tracing.install()
-        async with producer(self.kafka, linger_ms=5) as prod:
+        async with producer(self.kafka, linger_ms=self.config.linger_ms) as prod:
             self._producer = prod
             self._publisher = EventPublisher(prod, self.topics)
             await self._heartbeat(WorkerStatus.STARTING)
@@ -231,10 +234,14 @@ class Runner:
 
     # -- one rollout record -----------------------------------------------------------------
 
-    async def _publish(self, short_topic: str, event: Event) -> None:
-        await self.publisher.publish(short_topic, event)
-        if short_topic in ("rollouts", "tasks"):
-            self.ledger.apply(event)
+    async def _publish(self, *events: tuple[str, Event]) -> None:
+        """Send in order (one partition keeps the order), then wait until all are on the
+        broker; what lands on the lifecycle and tasks topics updates the ledger."""
+        pending = [await self.publisher.send(topic, event) for topic, event in events]
+        await asyncio.gather(*pending)
+        for topic, event in events:
+            if topic in ("rollouts", "tasks"):
+                self.ledger.apply(event)
 
     async def _attempt(self, key: tuple[str, int], offset: int, task: RolloutQueued) -> None:
         attempt_id = uuid.uuid4().hex
@@ -250,7 +257,8 @@ class Runner:
             resources_id=version.resources_id if version else None,
             metadata=task.metadata,
         )
-        await self._publish(
+        # Not waited for here: the partition keeps it ahead of AttemptFinished, which waits.
+        started = await self.publisher.send(
             "rollouts",
             AttemptStarted(
                 rollout_id=task.rollout_id, attempt_id=attempt_id,
@@ -268,28 +276,39 @@ class Runner:
             outcome = await execute(
                 self.config.agent, task, rollout, resources, self.publisher, handle
             )
-        await self._publish(
-            "rollouts",
-            AttemptFinished(
-                rollout_id=task.rollout_id, attempt_id=attempt_id,
-                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
-                status=outcome.status, error=outcome.error, span_count=outcome.span_count,
-                reward=outcome.reward,
-            ),
+        await started
+        finished = AttemptFinished(
+            rollout_id=task.rollout_id, attempt_id=attempt_id,
+            attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+            status=outcome.status, error=outcome.error, span_count=outcome.span_count,
+            reward=outcome.reward,
         )  # fmt: skip
         self.counts[f"attempts_{outcome.status.value}"] += 1
         if outcome.cancelled:
-            await self._end(task, attempt_id, RolloutStatus.CANCELLED, outcome.error)
+            await self._end(task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished)
         else:
-            await self._apply_decision(task, attempt_id, outcome)
+            await self._apply_decision(task, attempt_id, outcome, finished)
 
-    async def _apply_decision(self, task: RolloutQueued, attempt_id: str, outcome: Outcome) -> None:
+    async def _apply_decision(
+        self,
+        task: RolloutQueued,
+        attempt_id: str,
+        outcome: Outcome,
+        finished: AttemptFinished | None = None,
+    ) -> None:
+        """Publish what follows an attempt (after its AttemptFinished, when given)."""
         decision = decide(task, attempt_id, outcome.status, outcome.error)
+        first = [("rollouts", finished)] if finished is not None else []
         if isinstance(decision, Requeue):
-            await self._publish("tasks", decision.queued)
+            # Another topic, so no shared order: the retry goes only once the attempt's end
+            # is on the broker (else a crash between could leave a retry of an attempt that
+            # the next owner would run again).
+            if first:
+                await self._publish(*first)
+            await self._publish(("tasks", decision.queued))
             self.counts["requeued"] += 1
         else:
-            await self._end(task, attempt_id, decision.status, decision.error)
+            await self._end(task, attempt_id, decision.status, decision.error, finished)
 
     async def _end(
         self,
@@ -297,15 +316,15 @@ class Runner:
         attempt_id: str | None,
         status: RolloutStatus,
         error: ErrorInfo | None,
+        finished: AttemptFinished | None = None,
     ) -> None:
-        await self._publish(
-            "rollouts",
-            RolloutFinished(
-                rollout_id=task.rollout_id, status=status, attempt_id=attempt_id,
-                attempt_count=task.attempt_number if attempt_id else task.attempt_number - 1,
-                error=error,
-            ),
+        end = RolloutFinished(
+            rollout_id=task.rollout_id, status=status, attempt_id=attempt_id,
+            attempt_count=task.attempt_number if attempt_id else task.attempt_number - 1,
+            error=error,
         )  # fmt: skip
+        first = [("rollouts", finished)] if finished is not None else []
+        await self._publish(*first, ("rollouts", end))
         self.counts[f"rollouts_{status.value}"] += 1
 
     # -- offsets, partitions ----------------------------------------------------------------

@@ -10,7 +10,7 @@ from agl_stream.agent import LitAgent, Rollout, emit_reward, rollout
 from agl_stream.agent.api import FunctionAgent, load_agent
 from agl_stream.agent.spans import flatten
 from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
-from agl_stream.events import LLM, PromptTemplate, RolloutMode
+from agl_stream.events import LLM, PromptTemplate, RolloutMode, SpanRecorded
 
 ROLLOUT = Rollout("ro", "at", 1, RolloutMode.TRAIN, "res-1")
 RESOURCES = {"main": LLM(endpoint="http://x/v1", model="m"), "prompt": PromptTemplate(template="t")}
@@ -79,6 +79,8 @@ def test_spans_of_an_attempt_are_numbered_and_late_ones_dropped() -> None:
         (1, "agl.attempt"),
     ]
     assert recorder.close() == 2
+    for event in recorder.take(0):  # built without validation: must validate all the same
+        assert SpanRecorded.model_validate(event.model_dump()) == event
 
     async def late() -> None:
         current_recorder.set(recorder)
