@@ -65,7 +65,7 @@ def worker(
     agent_spec: str | None,
     concurrency: int,
     worker_id: str | None,
-    group: str,
+    group: str | None,
     grace: float,
     heartbeat: float,
     session_timeout_ms: int,

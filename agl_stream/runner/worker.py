@@ -54,7 +54,14 @@ from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topic
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
-RUNNER_GROUP = "agl-runners"
+
+
+def runner_group(topic_prefix: str) -> str:
+    """The runners' consumer group: one per topic prefix (agl. -> agl-runners), so separate
+    deployments on one cluster never share a group."""
+    return f"{topic_prefix.rstrip('.') or 'agl'}-runners"
+
+
 HAND_BACK_GRACE_SECONDS = 2.0
 RUNNER_TOPICS = ("tasks", "rollouts", "spans", "resources", "workers", "dlq")
 
@@ -63,7 +70,7 @@ RUNNER_TOPICS = ("tasks", "rollouts", "spans", "resources", "workers", "dlq")
 class RunnerConfig:
     agent: LitAgent
     concurrency: int = 16
-    group_id: str = RUNNER_GROUP
+    group_id: str | None = None  # default: runner_group(topic prefix)
     worker_id: str = field(default_factory=lambda: f"runner-{socket.gethostname()}-{os.getpid()}")
     heartbeat_seconds: float = 5.0
     shutdown_grace_seconds: float = 30.0
@@ -104,6 +111,7 @@ class Runner:
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.in_flight: dict[tuple[str, int], InFlight] = {}
         self.counts: Counter[str] = Counter()
+        self.group_id = config.group_id or runner_group(kafka.topic_prefix)
         self._slot_freed = asyncio.Event()
         self._resources_loaded = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
@@ -130,14 +138,17 @@ class Runner:
             try:
                 async with consumer(
                     self.kafka,
-                    group_id=self.config.group_id,
+                    group_id=self.group_id,
                     session_timeout_ms=self.config.session_timeout_ms,
                     heartbeat_interval_ms=max(self.config.session_timeout_ms // 5, 500),
-                    max_poll_interval_ms=max(self.config.session_timeout_ms * 30, 300_000),
+                    # The loop polls at least every 0.5 s (pausing partitions when full), so a
+                    # short rebalance timeout costs nothing and bounds how long a join waits
+                    # for members that vanished without leaving.
+                    max_poll_interval_ms=30_000,
                 ) as tasks_consumer:
                     self._consumer = tasks_consumer
                     tasks_consumer.subscribe([self.topics.name("tasks")], listener=_Rebalance(self))
-                    stream = EventStream(tasks_consumer, prod, self.topics, self.config.group_id)
+                    stream = EventStream(tasks_consumer, prod, self.topics, self.group_id)
                     await self._loop(stream, stop)
                     await self._shut_down()
             finally:
