@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ from agl_stream.codec import Codec, DecodeError
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetter, dead_letter
 from agl_stream.events import Event
+from agl_stream.kafka import consumer, end_offsets
 from agl_stream.topic_spec import TopicSpec, load_topic_specs
 
 EVENT_TYPE_HEADER = "agl.event_type"
@@ -177,3 +179,31 @@ class EventStream:
             self._topics.name(DLQ_TOPIC), letter.value, key=letter.key, headers=letter.headers
         )
         return future
+
+
+async def read_partitions(
+    kafka: KafkaSettings,
+    partitions: list[TopicPartition],
+    ends_out: dict[TopicPartition, int] | None = None,
+) -> list[Event]:
+    """Every decodable event of the partitions, from their start to their current end
+    (undecodable records are skipped: the consumers that own the topic dead-letter them)."""
+    ends = await end_offsets(kafka, partitions)
+    if ends_out is not None:
+        ends_out.update(ends)
+    pending = {tp for tp in partitions if ends[tp] > 0}
+    codec = Codec()
+    events: list[Event] = []
+    async with consumer(kafka) as reader:
+        reader.assign(partitions)
+        for tp in partitions:
+            reader.seek(tp, 0)
+        while pending:
+            batch = await reader.getmany(*pending, timeout_ms=500)
+            for tp, records in batch.items():
+                for record in records:
+                    with contextlib.suppress(DecodeError):
+                        events.append(codec.decode(record.value))
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+    return events

@@ -49,7 +49,9 @@ def sample(pid: int) -> ProcessSample:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     status = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        line.split(":", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if ":" in line
     )
     kb = lambda key: int(status[key].split()[0]) / 1024  # noqa: E731
     return ProcessSample(cpu, kb("VmRSS"), kb("VmHWM"))
@@ -57,7 +59,9 @@ def sample(pid: int) -> ProcessSample:
 
 async def positions(kafka: KafkaSettings, topic: str) -> dict[TopicPartition, int]:
     spec = load_topic_specs()[topic]
-    return await end_offsets(kafka, [TopicPartition(kafka.topic(topic), p) for p in range(spec.partitions)])
+    return await end_offsets(
+        kafka, [TopicPartition(kafka.topic(topic), p) for p in range(spec.partitions)]
+    )
 
 
 class Monitor:
@@ -69,7 +73,13 @@ class Monitor:
         self.span_count = 0
         self.rss_at_1000: dict[int, float] = {}
 
-    async def follow(self, kafka: KafkaSettings, start: dict[TopicPartition, int], want: int, runner_pids: list[int]) -> None:
+    async def follow(
+        self,
+        kafka: KafkaSettings,
+        start: dict[TopicPartition, int],
+        want: int,
+        runner_pids: list[int],
+    ) -> None:
         codec = Codec()
         async with consumer(kafka) as c:
             c.assign(list(start))
@@ -114,7 +124,9 @@ async def queued_times(kafka: KafkaSettings, start: dict[TopicPartition, int]) -
     return out
 
 
-async def run_batch(kafka: KafkaSettings, count: int, args: argparse.Namespace, runner_pids: list[int]) -> tuple[Monitor, float, dict[TopicPartition, int]]:
+async def run_batch(
+    kafka: KafkaSettings, count: int, args: argparse.Namespace, runner_pids: list[int]
+) -> tuple[Monitor, float, dict[TopicPartition, int]]:
     start_rollouts = await positions(kafka, "rollouts")
     start_tasks = await positions(kafka, "tasks")
     monitor = Monitor()
@@ -134,9 +146,17 @@ def percentile(values: list[float], q: float) -> float:
 async def main(args: argparse.Namespace) -> dict[str, object]:
     stack = EmbeddedStack(load(StackSettings))
     state = stack.running() or stack.up()
-    kafka = load(KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.")
+    kafka = load(
+        KafkaSettings,
+        bootstrap_servers=state.bootstrap_servers,
+        topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.",
+    )
     await apply_topics(kafka)
-    env = {**os.environ, "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix}
+    env = {
+        **os.environ,
+        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
+    }
     runners = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
@@ -149,7 +169,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     try:
         with console.status("warming up (runners join the group)..."):
             await run_batch(kafka, 25 * args.runners, args, pids)
-        before = {pid: sample(pid) for pid in pids + [state.broker_pid or 0, state.seaweed_pid or 0] if pid}
+        before = {
+            pid: sample(pid)
+            for pid in pids + [state.broker_pid or 0, state.seaweed_pid or 0]
+            if pid
+        }
         span_start = sum((await positions(kafka, "spans")).values())
         with console.status(f"running {args.rollouts} rollouts..."):
             monitor, first_enqueue, start_tasks = await run_batch(kafka, args.rollouts, args, pids)
@@ -189,7 +213,22 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
 def report(result: dict[str, object]) -> None:
     table = Table(title="runner benchmark", title_justify="left", show_header=False)
-    for key in ("runners", "concurrency", "rollouts", "max_rounds", "sleep", "seconds", "rollouts_per_s", "spans_per_s", "spans", "spans_on_broker", "enqueue_to_start_p50_ms", "enqueue_to_start_p99_ms", "runner_rss_mb_after_1000", "runner_rss_mb_at_end"):
+    for key in (
+        "runners",
+        "concurrency",
+        "rollouts",
+        "max_rounds",
+        "sleep",
+        "seconds",
+        "rollouts_per_s",
+        "spans_per_s",
+        "spans",
+        "spans_on_broker",
+        "enqueue_to_start_p50_ms",
+        "enqueue_to_start_p99_ms",
+        "runner_rss_mb_after_1000",
+        "runner_rss_mb_at_end",
+    ):
         table.add_row(key, str(result[key]))
     console.print(table)
     procs = Table(title="processes (measured run)", title_justify="left")
@@ -202,7 +241,9 @@ def report(result: dict[str, object]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts at once per runner")
     parser.add_argument("--rollouts", type=int, default=10_000)

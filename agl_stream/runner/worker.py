@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -27,7 +26,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
-from agl_stream.codec import Codec, DecodeError
 from agl_stream.config import KafkaSettings
 from agl_stream.events import (
     AttemptFinished,
@@ -44,13 +42,13 @@ from agl_stream.events import (
     WorkerRole,
     WorkerStatus,
 )
-from agl_stream.kafka import consumer, end_offsets, producer
+from agl_stream.kafka import consumer, producer
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
 from agl_stream.runner.resources import ResourceCache
-from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
+from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics, read_partitions
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -431,34 +429,6 @@ class Runner:
                 counts=dict(self.counts), interval_seconds=self.config.heartbeat_seconds,
             ),
         )  # fmt: skip
-
-
-async def read_partitions(
-    kafka: KafkaSettings,
-    partitions: list[TopicPartition],
-    ends_out: dict[TopicPartition, int] | None = None,
-) -> list[Event]:
-    """Every decodable event of the partitions, from their start to their current end
-    (undecodable records are skipped: the consumers that own the topic dead-letter them)."""
-    ends = await end_offsets(kafka, partitions)
-    if ends_out is not None:
-        ends_out.update(ends)
-    pending = {tp for tp in partitions if ends[tp] > 0}
-    codec = Codec()
-    events: list[Event] = []
-    async with consumer(kafka) as reader:
-        reader.assign(partitions)
-        for tp in partitions:
-            reader.seek(tp, 0)
-        while pending:
-            batch = await reader.getmany(*pending, timeout_ms=500)
-            for tp, records in batch.items():
-                for record in records:
-                    with contextlib.suppress(DecodeError):
-                        events.append(codec.decode(record.value))
-                if records and records[-1].offset + 1 >= ends[tp]:
-                    pending.discard(tp)
-    return events
 
 
 async def _first(*aws: Coroutine[Any, Any, Any], within: float | None = None) -> None:

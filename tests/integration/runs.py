@@ -24,8 +24,8 @@ from agl_stream.events import (
     RolloutQueued,
     SpanRecorded,
 )
-from agl_stream.runner.worker import Runner, RunnerConfig, read_partitions
-from agl_stream.streams import Topics
+from agl_stream.runner.worker import Runner, RunnerConfig
+from agl_stream.streams import Topics, read_partitions
 from tests.integration.helpers import eventually
 
 

@@ -213,7 +213,7 @@ async def test_heartbeats_report_the_runner(kafka: KafkaSettings) -> None:
     from aiokafka import TopicPartition
 
     from agl_stream.events import WorkerHeartbeat, WorkerStatus
-    from agl_stream.runner.worker import read_partitions
+    from agl_stream.streams import read_partitions
 
     async with runner_in_process(kafka, worker_id="hb-runner"):
         await asyncio.sleep(2.5)
