@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -36,8 +37,9 @@ def start(home: Path, port: int, s3_port: int, secret: str) -> int:
     ]  # fmt: skip
     pid = spawn(argv, log, env=env)
     wait_until(lambda: port_open(port) or not alive(pid), 30, "the broker", log)
+    time.sleep(0.2)  # a broker that could not bind exits at once; someone else has the port
     if not alive(pid):
-        raise StackError(f"the broker exited at start; see {log}")
+        raise StackError(f"the broker exited at start (is port {port} taken?); see {log}")
     return pid
 
 

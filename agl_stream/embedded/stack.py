@@ -90,7 +90,9 @@ class EmbeddedStack:
 
     def _seaweed_ports(self, previous: StackState | None) -> SeaweedPorts:
         if previous is None:
-            return _fresh_seaweed_ports()
+            return _fresh_seaweed_ports(
+                avoid={self.settings.broker_port, self.settings.postgres_port}
+            )
         # SeaweedFS records its servers' addresses in its data: keep the ports it had.
         ports = SeaweedPorts(**previous.seaweed_ports)
         for port in (ports.master, ports.volume, ports.filer, ports.s3):
@@ -165,13 +167,14 @@ class EmbeddedStack:
             return was_running
 
 
-def _fresh_seaweed_ports() -> SeaweedPorts:
+def _fresh_seaweed_ports(avoid: set[int]) -> SeaweedPorts:
     # Below the kernel's ephemeral range (32768+), gRPC ports included, so that a client
     # socket never sits on a port SeaweedFS wants after a restart.
     picked: set[int] = set()
     while len(picked) < 4:
         port = pick_port(10_000, 22_000)
-        if port not in picked and port_free(port + 10_000):
+        taken = picked | avoid
+        if port not in taken and port + 10_000 not in avoid and port_free(port + 10_000):
             picked.add(port)
     master, volume, filer, s3 = sorted(picked)
     return SeaweedPorts(master=master, volume=volume, filer=filer, s3=s3)

@@ -39,8 +39,8 @@ def embedded(private_home: Path) -> Iterator[Backend]:
     stack = EmbeddedStack(
         StackSettings(
             home=private_home,
-            broker_port=pick_port(22_000, 30_000),
-            postgres_port=pick_port(22_000, 30_000),
+            broker_port=pick_port(32_000, 32_700),
+            postgres_port=pick_port(32_000, 32_700),
         )
     )
     state = stack.up()

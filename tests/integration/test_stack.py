@@ -26,7 +26,7 @@ async def _invoke(*args: str) -> str:
 
 async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
     home = traversable(tmp_path) / "stack"
-    broker_port, pg_port = pick_port(22_000, 30_000), pick_port(22_000, 30_000)
+    broker_port, pg_port = pick_port(32_000, 32_700), pick_port(32_000, 32_700)
     flags = [
         "--home",
         str(home),
