@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -181,6 +181,27 @@ class EventStream:
         return future
 
 
+async def read_records(
+    kafka: KafkaSettings,
+    starts: Mapping[TopicPartition, int],
+    ends: Mapping[TopicPartition, int],
+) -> AsyncIterator[ConsumerRecord]:
+    """The raw records of each partition from its start offset up to (not including) its end."""
+    pending = {tp for tp in starts if ends[tp] > starts[tp]}
+    async with consumer(kafka) as reader:
+        reader.assign(list(starts))
+        for tp, offset in starts.items():
+            reader.seek(tp, offset)
+        while pending:
+            batch = await reader.getmany(*pending, timeout_ms=500)
+            for tp, records in batch.items():
+                for record in records:
+                    if record.offset < ends[tp]:
+                        yield record
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+
+
 async def read_partitions(
     kafka: KafkaSettings,
     partitions: list[TopicPartition],
@@ -191,19 +212,9 @@ async def read_partitions(
     ends = await end_offsets(kafka, partitions)
     if ends_out is not None:
         ends_out.update(ends)
-    pending = {tp for tp in partitions if ends[tp] > 0}
     codec = Codec()
     events: list[Event] = []
-    async with consumer(kafka) as reader:
-        reader.assign(partitions)
-        for tp in partitions:
-            reader.seek(tp, 0)
-        while pending:
-            batch = await reader.getmany(*pending, timeout_ms=500)
-            for tp, records in batch.items():
-                for record in records:
-                    with contextlib.suppress(DecodeError):
-                        events.append(codec.decode(record.value))
-                if records and records[-1].offset + 1 >= ends[tp]:
-                    pending.discard(tp)
+    async for record in read_records(kafka, dict.fromkeys(partitions, 0), ends):
+        with contextlib.suppress(DecodeError):
+            events.append(codec.decode(record.value))
     return events

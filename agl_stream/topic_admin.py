@@ -37,14 +37,18 @@ class ApplyReport:
 async def observe_topics(settings: KafkaSettings, names: Iterable[str]) -> dict[str, ObservedTopic]:
     """Partitions, replication and the configs we manage, for those of `names` that exist."""
     async with admin_client(settings) as admin:
-        existing = set(await admin.list_topics())
-        present = sorted(set(names) & existing)
-        if not present:
-            return {}
-        described = await admin.describe_topics(present)
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name) for name in present]
-        )
+        return await _observe(admin, names)
+
+
+async def _observe(admin: AIOKafkaAdminClient, names: Iterable[str]) -> dict[str, ObservedTopic]:
+    existing = set(await admin.list_topics())
+    present = sorted(set(names) & existing)
+    if not present:
+        return {}
+    described = await admin.describe_topics(present)
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in present]
+    )
     configs: dict[str, dict[str, str]] = {name: {} for name in present}
     for response in responses:
         for resource in response.resources:
@@ -69,10 +73,10 @@ async def apply_topics(
     Running it again changes nothing."""
     wanted = list(specs if specs is not None else load_topic_specs().values())
     names = [s.full_name(settings.topic_prefix) for s in wanted]
-    observed = await observe_topics(settings, names)
-    plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
-    fixable = [d for d in plan.drift if d.fixable]
     async with admin_client(settings) as admin:
+        observed = await _observe(admin, names)
+        plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
+        fixable = [d for d in plan.drift if d.fixable]
         if plan.create:
             await admin.create_topics(
                 [

@@ -31,6 +31,7 @@ from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, RolloutQueued
 from agl_stream.kafka import consumer, end_offsets
+from agl_stream.streams import read_records
 from agl_stream.topic_admin import apply_topics
 from agl_stream.topic_spec import load_topic_specs
 
@@ -107,20 +108,10 @@ async def queued_times(kafka: KafkaSettings, start: dict[TopicPartition, int]) -
     ends = await positions(kafka, "tasks")
     codec = Codec()
     out: dict[str, float] = {}
-    async with consumer(kafka) as c:
-        c.assign(list(start))
-        for tp, offset in start.items():
-            c.seek(tp, offset)
-        pending = {tp for tp in start if ends[tp] > start[tp]}
-        while pending:
-            batch = await c.getmany(*pending, timeout_ms=500)
-            for tp, records in batch.items():
-                for record in records:
-                    event = codec.decode(record.value)
-                    if isinstance(event, RolloutQueued) and event.attempt_number == 1:
-                        out[event.rollout_id] = event.occurred_at.timestamp()
-                if records and records[-1].offset + 1 >= ends[tp]:
-                    pending.discard(tp)
+    async for record in read_records(kafka, start, ends):
+        event = codec.decode(record.value)
+        if isinstance(event, RolloutQueued) and event.attempt_number == 1:
+            out[event.rollout_id] = event.occurred_at.timestamp()
     return out
 
 

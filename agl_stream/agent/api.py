@@ -14,6 +14,8 @@ from typing import Any
 from agl_stream.events import LLM, Checkpoint, PromptTemplate, RolloutMode
 
 NamedResources = Mapping[str, LLM | PromptTemplate | Checkpoint]
+# Resource types by name, for agents whose annotations are strings (from __future__ import).
+_RESOURCE_TYPES = {"LLM": LLM, "PromptTemplate": PromptTemplate, "Checkpoint": Checkpoint}
 AgentResult = float | int | None
 
 
@@ -70,9 +72,8 @@ class FunctionAgent(LitAgent):
             return rollout
         if param.name in resources:
             return resources[param.name]
-        kinds = {"LLM": LLM, "PromptTemplate": PromptTemplate, "Checkpoint": Checkpoint}
         annotation = param.annotation
-        wanted = kinds.get(annotation) if isinstance(annotation, str) else annotation
+        wanted = _RESOURCE_TYPES.get(annotation) if isinstance(annotation, str) else annotation
         if isinstance(wanted, type):
             matches = [r for r in resources.values() if isinstance(r, wanted)]
             if len(matches) == 1:

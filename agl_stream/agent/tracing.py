@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
 from typing import ClassVar
@@ -103,5 +104,7 @@ class Tracing:
         return cls._installed
 
 
+@functools.cache
 def tracer() -> trace.Tracer:
+    """agl-stream's tracer (made once: emitters call this for every span)."""
     return Tracing.install().get_tracer(TRACER_NAME)

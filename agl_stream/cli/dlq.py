@@ -9,26 +9,19 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
-from agl_stream.kafka import consumer, end_offsets
+from agl_stream.kafka import end_offsets
+from agl_stream.streams import read_records
 
 
 async def read_dead_letters(settings: KafkaSettings, limit: int) -> list[DeadLetterView]:
     """The newest `limit` dead letters, oldest first."""
     topic = settings.topic("dlq")
     tp = TopicPartition(topic, 0)
-    end = (await end_offsets(settings, [tp]))[tp]
-    start = max(end - limit, 0)
-    letters: list[DeadLetterView] = []
-    async with consumer(settings) as client:
-        client.assign([tp])
-        client.seek(tp, start)
-        while (await client.position(tp)) < end:
-            batch = await client.getmany(tp, timeout_ms=1000)
-            for record in batch.get(tp, []):
-                letters.append(
-                    DeadLetterView.parse(record.headers or (), record.value, record.offset)
-                )
-    return letters
+    ends = await end_offsets(settings, [tp])
+    return [
+        DeadLetterView.parse(record.headers or (), record.value, record.offset)
+        async for record in read_records(settings, {tp: max(ends[tp] - limit, 0)}, ends)
+    ]
 
 
 @click.group()

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.structs import RecordMetadata
@@ -36,11 +36,13 @@ class AttemptHandle:
     """What the runner can do to an attempt in flight."""
 
     cancel_requested: ErrorInfo | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    agent_task: asyncio.Task[Any] | None = None
 
     def request_cancel(self, error: ErrorInfo) -> None:
+        """Stop the agent now; the supervisor sees it end and reports the cancellation."""
         self.cancel_requested = error
-        self.wake.set()
+        if self.agent_task is not None:
+            self.agent_task.cancel()
 
 
 def _error(exc: BaseException) -> ErrorInfo:
@@ -78,6 +80,7 @@ async def execute(
             return result
 
     agent_task = asyncio.create_task(call_agent())
+    handle.agent_task = agent_task
     status, error, cancelled = await _supervise(
         agent_task, task, recorder, handle, pump, flush_seconds
     )
@@ -99,19 +102,17 @@ async def _supervise(
     started = time.monotonic()
     last_flush = started
     try:
-        while not agent_task.done():
-            handle.wake.clear()
-            waiter = asyncio.create_task(handle.wake.wait())
-            await asyncio.wait(
-                {agent_task, waiter}, timeout=WATCH_INTERVAL, return_when=asyncio.FIRST_COMPLETED
-            )
-            waiter.cancel()
-            now = time.monotonic()
-            if agent_task.done():
-                break
+        while True:
+            # A cancel request cancels the agent task itself, so this wakes at once for it.
             if handle.cancel_requested is not None:
                 await _stop(agent_task)
                 return AttemptStatus.FAILED, handle.cancel_requested, True
+            if agent_task.done():
+                break
+            await asyncio.wait({agent_task}, timeout=WATCH_INTERVAL)
+            now = time.monotonic()
+            if agent_task.done():
+                continue  # finished or cancelled: decided at the top
             if task.timeout_seconds is not None and now - started > task.timeout_seconds:
                 await _stop(agent_task)
                 message = f"the agent ran past the rollout's timeout of {task.timeout_seconds:g} s"

@@ -7,12 +7,12 @@ and whether a decision after an attempt was already taken, before it runs anythi
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from enum import Enum
 
 from agl_stream.events import (
     AttemptFinished,
-    AttemptStatus,
     ErrorInfo,
     Event,
     RolloutCancelled,
@@ -64,7 +64,7 @@ class Ledger:
             if state.terminal is None:
                 state.cancel = event
 
-    def plan(self, task: RolloutQueued, running: set[tuple[str, int]]) -> Plan:
+    def plan(self, task: RolloutQueued, running: Container[tuple[str, int]]) -> Plan:
         """What to do with a queued rollout record now."""
         state = self.rollouts.get(task.rollout_id, RolloutState())
         if state.terminal is not None or (task.rollout_id, task.attempt_number) in running:
@@ -77,10 +77,6 @@ class Ledger:
         later = any(n > task.attempt_number for n in state.queued_numbers | set(state.finished))
         return Plan(Action.SKIP) if later else Plan(Action.DECIDE, done)
 
-    def forget(self, rollout_ids: set[str]) -> None:
-        for rollout_id in rollout_ids:
-            self.rollouts.pop(rollout_id, None)
-
 
 def cancelled_error(cancel: RolloutCancelled) -> ErrorInfo:
     reason = cancel.reason or "cancelled"
@@ -88,4 +84,4 @@ def cancelled_error(cancel: RolloutCancelled) -> ErrorInfo:
     return ErrorInfo(type="Cancelled", message=f"{reason}{by}")
 
 
-__all__ = ["Action", "AttemptStatus", "Ledger", "Plan", "RolloutState", "cancelled_error"]
+__all__ = ["Action", "Ledger", "Plan", "RolloutState", "cancelled_error"]

@@ -196,7 +196,7 @@ class Runner:
                     flight.handle.request_cancel(cancelled_error(event))
             return
         assert isinstance(event, RolloutQueued)
-        plan = self.ledger.plan(event, set(self.in_flight))
+        plan = self.ledger.plan(event, self.in_flight.keys())
         if plan.action is Action.SKIP:
             self.counts["skipped"] += 1
             return

@@ -21,6 +21,16 @@ def bare(backend: Backend, unique: str) -> KafkaSettings:
     )
 
 
+def flags(settings: KafkaSettings) -> list[str]:
+    """The CLI flags that point at these settings' broker and topics."""
+    return [
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+    ]
+
+
 async def test_apply_creates_then_changes_nothing(bare: KafkaSettings) -> None:
     first = await apply_topics(bare)
     assert len(first.created) == len(load_topic_specs())
@@ -58,29 +68,10 @@ async def test_wrong_partition_count_is_drift_that_apply_will_not_hide(bare: Kaf
     ]
     with pytest.raises(TopicsNotReady, match="partitions is 2, expected 8"):
         await ensure_topics_ready(bare, ["tasks"])
-    result = await invoke_cli(
-        *[
-            "--bootstrap-servers",
-            bare.bootstrap_servers,
-            "--topic-prefix",
-            bare.topic_prefix,
-            "topics",
-            "check",
-            "tasks",
-        ]
-    )
+    result = await invoke_cli(*flags(bare), "topics", "check", "tasks")
     assert result.exit_code == 1
     assert "partitions is 2, expected 8" in result.output
-    result = await invoke_cli(
-        *[
-            "--bootstrap-servers",
-            bare.bootstrap_servers,
-            "--topic-prefix",
-            bare.topic_prefix,
-            "topics",
-            "apply",
-        ]
-    )
+    result = await invoke_cli(*flags(bare), "topics", "apply")
     assert result.exit_code == 1
     assert "drift" in result.output
 
@@ -99,8 +90,7 @@ async def test_config_drift_is_fixed_or_reported_never_silent(bare: KafkaSetting
     if report.altered:  # the broker can alter configs in place (Apache Kafka)
         assert observed.configs["retention.ms"] == str(spec.retention_ms)
     else:  # it cannot (the embedded broker): `topics apply` keeps saying so, and fails
-        flags = ["--bootstrap-servers", bare.bootstrap_servers, "--topic-prefix", bare.topic_prefix]
-        result = await invoke_cli(*flags, "topics", "apply")
+        result = await invoke_cli(*flags(bare), "topics", "apply")
         assert result.exit_code == 1
         assert "retention.ms is 1000" in result.output
     await ensure_topics_ready(bare, ["spans"])  # retention alone does not stop a worker
