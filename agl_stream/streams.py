@@ -102,13 +102,15 @@ class EventPublisher:
 class EventStream:
     """Reads records through a consumer and decodes them. Records that are undecodable, of
     an unknown schema, invalid, or of a type that does not belong on their topic go to the
-    dead-letter topic, and the stream moves on. Dead letters are on the broker before a batch
-    is returned, so committing the batch's next_offsets never loses a record."""
+    dead-letter topic (or, with no producer, are only counted: a replay reads records whose
+    dead letters were sent when they were first consumed), and the stream moves on. Dead
+    letters are on the broker before a batch is returned, so committing the batch's
+    next_offsets never loses a record."""
 
     def __init__(
         self,
         consumer: AIOKafkaConsumer,
-        producer: AIOKafkaProducer,
+        producer: AIOKafkaProducer | None,
         topics: Topics,
         consumer_name: str,
         codec: Codec | None = None,
@@ -129,14 +131,16 @@ class EventStream:
                 consumed, letter = self._decode(record)
                 if consumed is not None:
                     good.append(consumed)
-                elif letter is not None:
+                elif letter is not None and self._producer is not None:
                     pending.append(await self._send_dead_letter(letter))
+                else:
+                    batch.dead_lettered += 1
                 batch.next_offsets[tp] = record.offset + 1
             if good:
                 batch.events[tp] = good
         if pending:
             await asyncio.gather(*pending)
-            batch.dead_lettered = len(pending)
+            batch.dead_lettered += len(pending)
         return batch
 
     async def commit(self, batch: Batch) -> None:
@@ -175,6 +179,7 @@ class EventStream:
         )
 
     async def _send_dead_letter(self, letter: DeadLetter) -> asyncio.Future[RecordMetadata]:
+        assert self._producer is not None
         future: asyncio.Future[RecordMetadata] = await self._producer.send(
             self._topics.name(DLQ_TOPIC), letter.value, key=letter.key, headers=letter.headers
         )

@@ -11,6 +11,7 @@ import click
 from agl_stream.agent.api import load_agent
 from agl_stream.cli.common import AppContext, console, friendly_errors
 from agl_stream.config import current_role
+from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.runner.worker import Runner, RunnerConfig
 
 ROLES = ("runner", "projector", "trainer")
@@ -25,6 +26,13 @@ ROLES = ("runner", "projector", "trainer")
 )
 @click.option("--agent", "agent_spec", metavar="MODULE:ATTR", help="The agent a runner runs.")
 @click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=5000,
+    show_default=True,
+    help="Most records a projector applies in one transaction.",
+)
+@click.option(
     "--concurrency",
     type=click.IntRange(1, 10_000),
     default=16,
@@ -33,7 +41,8 @@ ROLES = ("runner", "projector", "trainer")
 )
 @click.option("--worker-id", help="Name in heartbeats and attempts. [default: runner-HOST-PID]")
 @click.option(
-    "--group", default="agl-runners", show_default=True, help="Consumer group of the runners."
+    "--group",
+    help="Consumer group. [default: agl-runners or agl-projector, after the topic prefix]",
 )
 @click.option(
     "--grace",
@@ -63,6 +72,7 @@ def worker(
     app: AppContext,
     role: str | None,
     agent_spec: str | None,
+    batch_size: int,
     concurrency: int,
     worker_id: str | None,
     group: str | None,
@@ -71,40 +81,61 @@ def worker(
     session_timeout_ms: int,
     verbose: bool,
 ) -> None:
-    """Run a worker: a runner claims rollouts from the tasks topic and runs an agent on them.
+    """Run a worker.
 
-    Stop it with Ctrl-C or SIGTERM: it finishes what it runs within --grace seconds and
-    hands back the rest; after a kill -9 another runner takes over its partitions.
+    A runner claims rollouts from the tasks topic and runs an agent on them. Stop it with
+    Ctrl-C or SIGTERM: it finishes what it runs within --grace seconds and hands back the
+    rest; after a kill -9 another runner takes over its partitions.
+
+    A projector writes every event topic into the PostgreSQL read model that `agl-stream
+    query` reads, exactly once in effect; run several to share the partitions.
     """
     if role is None:
-        raise click.UsageError("say which worker to run: --role runner (or set AGL_CURRENT_ROLE)")
+        raise click.UsageError(
+            "say which worker to run: --role runner|projector (or set AGL_CURRENT_ROLE)"
+        )
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if role == "projector":
+        config = ProjectorConfig(
+            group_id=group, max_batch=batch_size, heartbeat_seconds=heartbeat,
+            session_timeout_ms=session_timeout_ms,
+        )  # fmt: skip
+        if worker_id:
+            config.worker_id = worker_id
+        projector = Projector(app.kafka(), app.database(), config)
+        console.print(f"projector {config.worker_id}: group {projector.group_id}", highlight=False)
+        asyncio.run(_run_until_signal(projector))
+        console.print(f"projector {config.worker_id} stopped: {dict(projector.counts)}")
+        return
     if role != "runner":
-        raise click.UsageError(f"the {role} role is not part of this release yet; --role runner is")
+        raise click.UsageError(f"the {role} role is not part of this release yet")
     if agent_spec is None:
         raise click.UsageError("a runner needs --agent MODULE:ATTR, the agent to run")
     try:
         agent = load_agent(agent_spec)
     except (ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--agent") from None
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    config = RunnerConfig(
+    runner_config = RunnerConfig(
         agent=agent, concurrency=concurrency, group_id=group, shutdown_grace_seconds=grace,
         heartbeat_seconds=heartbeat, session_timeout_ms=session_timeout_ms,
     )  # fmt: skip
     if worker_id:
-        config.worker_id = worker_id
-    runner = Runner(app.kafka(), config)
+        runner_config.worker_id = worker_id
+    runner = Runner(app.kafka(), runner_config)
     console.print(
-        f"runner {config.worker_id}: agent {agent_spec}, concurrency {concurrency}", highlight=False
+        f"runner {runner_config.worker_id}: agent {agent_spec}, concurrency {concurrency}",
+        highlight=False,
     )
     asyncio.run(_run_until_signal(runner))
-    console.print(f"runner {config.worker_id} stopped: {dict(runner.counts)}", highlight=False)
+    console.print(
+        f"runner {runner_config.worker_id} stopped: {dict(runner.counts)}", highlight=False
+    )
 
 
-async def _run_until_signal(runner: Runner) -> None:
+async def _run_until_signal(runner: Runner | Projector) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

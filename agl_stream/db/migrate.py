@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import asyncpg
@@ -9,18 +10,32 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agl_stream.config import DatabaseSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+READ_MODEL_MIGRATIONS = Path(__file__).parent / "read_model"
+FIRST_READ_MODEL = "read_model_1"
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def alembic_config() -> Config:
+def alembic_config(location: Path = MIGRATIONS) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("script_location", str(location))
     return config
+
+
+def check_schema_name(name: str) -> str:
+    """A read model's PostgreSQL schema name: lowercase letters, digits, underscores."""
+    if not _SCHEMA_NAME.match(name) or name in {"public", "information_schema"}:
+        raise ValueError(
+            f"{name!r} cannot name a read model: use lowercase letters, digits and "
+            "underscores, starting with a letter (at most 63), and not 'public'"
+        )
+    return name
 
 
 async def ensure_database(settings: DatabaseSettings) -> bool:
@@ -41,13 +56,55 @@ async def ensure_database(settings: DatabaseSettings) -> bool:
 
 
 async def migrate(settings: DatabaseSettings) -> str | None:
-    """Upgrade to head; returns the revision the database is at afterwards."""
+    """Upgrade the control tables and every read model to head, creating the first read
+    model when there is none; returns the control revision afterwards."""
     await ensure_database(settings)
     engine = create_async_engine(settings.sqlalchemy_url)
     try:
         async with engine.begin() as conn:
+            # One migrator at a time (several workers may start together).
+            await conn.execute(text("SELECT pg_advisory_xact_lock(7305111)"))
             await conn.run_sync(_upgrade)
+            names = (
+                (await conn.execute(text("SELECT name FROM read_models WHERE state <> 'retired'")))
+                .scalars()
+                .all()
+            )
+            if not names:
+                await conn.execute(
+                    text(
+                        "INSERT INTO read_models (name, active, state, activated_at, description)"
+                        " VALUES (:name, true, 'active', now(), 'created by migrate')"
+                    ),
+                    {"name": FIRST_READ_MODEL},
+                )
+                names = [FIRST_READ_MODEL]
+            for name in names:
+                await conn.run_sync(_upgrade_read_model, name)
             return await conn.run_sync(_current)
+    finally:
+        await engine.dispose()
+
+
+async def create_read_model(settings: DatabaseSettings, name: str, description: str) -> None:
+    """A new, empty read model schema at head, registered as 'building' (not active)."""
+    check_schema_name(name)
+    engine = create_async_engine(settings.sqlalchemy_url)
+    try:
+        async with engine.begin() as conn:
+            exists = await conn.execute(
+                text("SELECT 1 FROM read_models WHERE name = :name"), {"name": name}
+            )
+            if exists.first() is not None:
+                raise ValueError(f"a read model named {name!r} exists already")
+            await conn.execute(
+                text(
+                    "INSERT INTO read_models (name, state, description) "
+                    "VALUES (:name, 'building', :description)"
+                ),
+                {"name": name, "description": description},
+            )
+            await conn.run_sync(_upgrade_read_model, name)
     finally:
         await engine.dispose()
 
@@ -69,6 +126,15 @@ def _upgrade(connection: Connection) -> None:
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+
+
+def _upgrade_read_model(connection: Connection, schema: str) -> None:
+    connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{check_schema_name(schema)}"'))
+    config = alembic_config(READ_MODEL_MIGRATIONS)
+    config.attributes["connection"] = connection
+    config.attributes["schema"] = schema
+    command.upgrade(config, "head")
+    connection.execute(text("SET LOCAL search_path TO public"))
 
 
 def _current(connection: Connection) -> str | None:

@@ -1,0 +1,91 @@
+"""One projection step: a decoded batch into one read-model schema, exactly once.
+
+The stored next offset of every partition in the batch is locked; records below it were
+applied already (a restart, or another projector during a rebalance) and are skipped; rows
+and the new offsets commit together. Nothing here knows about consumer groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from agl_stream.events import Event
+from agl_stream.projection.fold import keys, project
+from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
+from agl_stream.streams import Batch
+
+
+@dataclass(frozen=True)
+class Applied:
+    events: int
+    spans: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Switched:
+    """The active read model changed (a replay finished): follow it."""
+
+    schema: str
+
+
+@dataclass(frozen=True)
+class Behind:
+    """The database holds an offset below where the consumer stands: seek back to it."""
+
+    offsets: dict[Partition, int]
+
+
+Outcome = Applied | Switched | Behind
+
+
+@dataclass
+class Projection:
+    """Applies batches to `schema`; `follow_active` makes it check, in each transaction,
+    that the schema is still the one queries read."""
+
+    conn: asyncpg.Connection
+    schema: str
+    follow_active: bool = True
+    # Where the consumer stands per partition (None: from the beginning, nothing stored).
+    positions: dict[Partition, int | None] = field(default_factory=dict)
+
+    @property
+    def store(self) -> ProjectionStore:
+        return ProjectionStore(self.conn, self.schema)
+
+    async def apply(self, batch: Batch, ends: Mapping[Partition, int]) -> Outcome:
+        store = self.store
+        advanced: dict[Partition, int] = {}
+        async with self.conn.transaction():
+            if self.follow_active:
+                active = await active_read_model(self.conn, lock=True)
+                if active != self.schema:
+                    return Switched(active)
+            partitions = {(tp.topic, tp.partition): tp for tp in batch.next_offsets}
+            stored = await store.lock_offsets(partitions)
+            behind = {
+                p: offset
+                for p, offset in stored.items()
+                if (position := self.positions.get(p)) is not None and offset < position
+            }
+            if behind:
+                return Behind(behind)
+            events: list[Event] = []
+            for p, tp in partitions.items():
+                floor = stored.get(p, -1)
+                if batch.next_offsets[tp] <= floor:
+                    continue  # all of it is in the database already
+                events.extend(c.event for c in batch.events.get(tp, ()) if c.offset >= floor)
+                advanced[p] = batch.next_offsets[tp]
+            if not advanced:
+                return Applied(0, 0, 0)
+            state = await store.load(keys(events))
+            changes = project(events, state)
+            await store.write(changes)
+            await store.save_offsets(advanced, ends)
+        self.positions.update(advanced)
+        return Applied(len(events), len(changes.spans), len(changes))

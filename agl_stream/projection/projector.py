@@ -1,0 +1,194 @@
+"""`agl-stream worker --role projector`: every event topic into the active read model.
+
+Projectors share the partitions through a consumer group (range assignment, so partition p
+of tasks, rollouts and spans, which carry the same rollouts, goes to the same projector).
+At assignment a projector seeks to the offsets stored in PostgreSQL, not the group's: the
+database is the source of truth for how far the projection got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
+from agl_stream.kafka import consumer, producer
+from agl_stream.projection.apply import Applied, Behind, Projection, Switched
+from agl_stream.projection.store import Partition, ProjectionStore, active_read_model, connect
+from agl_stream.streams import Batch, EventPublisher, EventStream, Topics
+from agl_stream.topic_admin import ensure_topics_ready
+
+log = logging.getLogger(__name__)
+
+PROJECTED_TOPICS = ("tasks", "rollouts", "spans", "resources", "workers")
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def projector_group(topic_prefix: str) -> str:
+    """The projectors' consumer group: agl-projector for the default prefix."""
+    return f"{topic_prefix.rstrip('.')}-projector"
+
+
+@dataclass
+class ProjectorConfig:
+    group_id: str | None = None
+    worker_id: str = field(default_factory=lambda: f"projector-{_host()}-{os.getpid()}")
+    max_batch: int = 5000
+    heartbeat_seconds: float = 5.0
+    session_timeout_ms: int = 10_000
+
+
+class Projector:
+    def __init__(
+        self, kafka: KafkaSettings, database: DatabaseSettings, config: ProjectorConfig
+    ) -> None:
+        self.kafka = kafka
+        self.database = database
+        self.config = config
+        self.topics = Topics(kafka)
+        self.group_id = config.group_id or projector_group(kafka.topic_prefix)
+        self.counts: Counter[str] = Counter()
+        self._projection: Projection | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()  # one transaction at a time (rebalance vs loop)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_topics_ready(self.kafka, PROJECTED_TOPICS)
+        conn = await connect(self.database.asyncpg_dsn)
+        try:
+            schema = await active_read_model(conn)
+            self._projection = Projection(conn, schema)
+            async with (
+                producer(self.kafka) as prod,
+                consumer(
+                    self.kafka,
+                    group_id=self.group_id,
+                    session_timeout_ms=self.config.session_timeout_ms,
+                    heartbeat_interval_ms=max(self.config.session_timeout_ms // 5, 500),
+                    max_poll_interval_ms=60_000,
+                    partition_assignment_strategy=(RangePartitionAssignor,),
+                    max_partition_fetch_bytes=4 * 1024 * 1024,
+                ) as reader,
+            ):
+                self._consumer = reader
+                publisher = EventPublisher(prod, self.topics)
+                reader.subscribe(
+                    [self.topics.name(t) for t in PROJECTED_TOPICS], listener=_Rebalance(self)
+                )
+                stream = EventStream(reader, prod, self.topics, self.group_id)
+                beats = asyncio.create_task(self._heartbeats(publisher, stop))
+                try:
+                    await self._loop(stream, stop)
+                finally:
+                    beats.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beats
+                    await self._heartbeat(publisher, WorkerStatus.STOPPED)
+        finally:
+            await conn.close()
+
+    @property
+    def projection(self) -> Projection:
+        assert self._projection is not None, "the projector is not running"
+        return self._projection
+
+    async def _loop(self, stream: EventStream, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await stream.next_batch(timeout_ms=500, max_records=self.config.max_batch)
+            if not batch.next_offsets:
+                continue
+            async with self._lock:
+                await self._apply(stream, batch)
+
+    async def _apply(self, stream: EventStream, batch: Batch) -> None:
+        reader = self._consumer
+        assert reader is not None
+        ends = {(tp.topic, tp.partition): reader.highwater(tp) or 0 for tp in batch.next_offsets}
+        outcome = await self.projection.apply(batch, ends)
+        if isinstance(outcome, Applied):
+            self.counts["events"] += outcome.events
+            self.counts["spans"] += outcome.spans
+            self.counts["batches"] += 1
+            self.counts["dead_letters"] += batch.dead_lettered
+            # The group's offsets only inform `agl-stream status`; PostgreSQL's are the truth.
+            with contextlib.suppress(Exception):
+                await stream.commit(batch)
+        elif isinstance(outcome, Switched):
+            log.warning("the active read model is now %s: following it", outcome.schema)
+            self.projection.schema = outcome.schema
+            await self._seek(reader.assignment())
+        elif isinstance(outcome, Behind):
+            log.warning("the database is behind the consumer at %s: seeking back", outcome.offsets)
+            await self._seek(TopicPartition(t, p) for (t, p) in outcome.offsets)
+
+    async def _seek(self, partitions: Iterable[TopicPartition]) -> None:
+        """Seek to the offsets stored in the read model (the beginning where none is)."""
+        reader = self._consumer
+        assert reader is not None
+        tps = list(partitions)
+        stored = await ProjectionStore(self.projection.conn, self.projection.schema).offsets()
+        positions = self.projection.positions
+        for tp in tps:
+            key: Partition = (tp.topic, tp.partition)
+            if key in stored:
+                reader.seek(tp, stored[key])
+                positions[key] = stored[key]
+            else:
+                await reader.seek_to_beginning(tp)
+                positions[key] = None
+
+    def lag(self) -> int:
+        reader = self._consumer
+        if reader is None:
+            return 0
+        total = 0
+        for tp in reader.assignment():
+            position = self.projection.positions.get((tp.topic, tp.partition)) or 0
+            total += max(0, (reader.highwater(tp) or 0) - position)
+        return total
+
+    async def _heartbeats(self, publisher: EventPublisher, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._heartbeat(publisher, WorkerStatus.BUSY if self.lag() else WorkerStatus.IDLE)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.heartbeat_seconds)
+
+    async def _heartbeat(self, publisher: EventPublisher, status: WorkerStatus) -> None:
+        with contextlib.suppress(Exception):  # a heartbeat is best effort
+            await publisher.publish(
+                "workers",
+                WorkerHeartbeat(
+                    worker_id=self.config.worker_id, role=WorkerRole.PROJECTOR, status=status,
+                    hostname=socket.gethostname(), pid=os.getpid(),
+                    counts={**self.counts, "lag": self.lag()},
+                    interval_seconds=self.config.heartbeat_seconds,
+                ),
+            )  # fmt: skip
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # The loop's transaction (if any) ends before the partitions go.
+        async with self.projector._lock:
+            for tp in revoked:
+                self.projector.projection.positions.pop((tp.topic, tp.partition), None)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        async with self.projector._lock:
+            await self.projector._seek(assigned)

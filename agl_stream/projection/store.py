@@ -1,0 +1,190 @@
+"""The projection's rows and offsets in PostgreSQL (asyncpg): load what a batch touches,
+write what changed, fence and advance the offsets, all inside the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from agl_stream.projection.fold import Changes, Keys, State
+from agl_stream.projection.rows import (
+    AttemptRow,
+    ResourcesRow,
+    RolloutRow,
+    Row,
+    SpanRow,
+    WorkerRow,
+    columns,
+    values,
+)
+
+NOTIFY_CHANNEL = "agl_projection"
+Partition = tuple[str, int]
+
+_KEYS: dict[type[Row], tuple[str, ...]] = {
+    RolloutRow: ("rollout_id",),
+    AttemptRow: ("rollout_id", "attempt_id"),
+    SpanRow: ("rollout_id", "attempt_id", "sequence"),
+    ResourcesRow: ("resources_id",),
+    WorkerRow: ("worker_id",),
+}
+_TABLES: dict[type[Row], str] = {
+    RolloutRow: "rollouts",
+    AttemptRow: "attempts",
+    SpanRow: "spans",
+    ResourcesRow: "resources",
+    WorkerRow: "workers",
+}
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """jsonb through orjson in binary format (version byte 1, then the JSON text)."""
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=lambda value: b"\x01" + orjson.dumps(value),
+        decoder=lambda data: orjson.loads(data[1:]),
+        format="binary",
+    )
+
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(dsn)
+    await init_connection(conn)
+    return conn
+
+
+class ProjectionStore:
+    """One read-model schema, through one connection (the caller owns the transaction)."""
+
+    def __init__(self, conn: asyncpg.Connection, schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+        self._upserts = {t: self._upsert_sql(t) for t in _TABLES if t is not SpanRow}
+        self._span_insert = self._insert_sql(SpanRow)
+
+    def table(self, row_type: type[Row] | str) -> str:
+        name = row_type if isinstance(row_type, str) else _TABLES[row_type]
+        return f'"{self.schema}".{name}'
+
+    # ---- rows ----------------------------------------------------------------------------
+
+    async def load(self, keys: Keys) -> State:
+        """The rows a batch touches, locked until the transaction ends (sorted keys: no
+        deadlock between two projectors during a rebalance)."""
+        state = State()
+        if keys.rollouts:
+            ids = sorted(keys.rollouts)
+            for r in await self._select(RolloutRow, "rollout_id", ids):
+                state.rollouts[r.rollout_id] = r
+            for a in await self._select(AttemptRow, "rollout_id", ids):
+                state.attempts[(a.rollout_id, a.attempt_id)] = a
+        if keys.resources:
+            for res in await self._select(ResourcesRow, "resources_id", sorted(keys.resources)):
+                state.resources[res.resources_id] = res
+        if keys.workers:
+            for w in await self._select(WorkerRow, "worker_id", sorted(keys.workers)):
+                state.workers[w.worker_id] = w
+        return state
+
+    async def _select(self, row_type: type[Any], key: str, ids: list[str]) -> list[Any]:
+        cols = ", ".join(columns(row_type))
+        order = ", ".join(_KEYS[row_type])
+        records = await self.conn.fetch(
+            f"SELECT {cols} FROM {self.table(row_type)} WHERE {key} = ANY($1::text[]) "
+            f"ORDER BY {order} FOR UPDATE",
+            ids,
+        )
+        return [row_type(*record) for record in records]
+
+    async def write(self, changes: Changes) -> None:
+        for rows in (
+            changes.rollouts,
+            changes.attempts,
+            changes.resources,
+            changes.workers,
+        ):
+            if rows:
+                await self.conn.executemany(self._upserts[type(rows[0])], [values(r) for r in rows])
+        if changes.spans:
+            await self.insert_spans(changes.spans)
+
+    async def insert_spans(self, spans: Sequence[SpanRow]) -> None:
+        """COPY when none is there yet (the usual case); otherwise insert in order and keep
+        the row recorded first."""
+        records = [values(s) for s in spans]
+        try:
+            async with self.conn.transaction():  # a savepoint
+                await self.conn.copy_records_to_table(
+                    "spans", schema_name=self.schema, columns=columns(SpanRow), records=records
+                )
+        except asyncpg.UniqueViolationError:
+            await self.conn.executemany(self._span_insert, records)
+
+    # ---- offsets -------------------------------------------------------------------------
+
+    async def lock_offsets(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """Stored next offsets of the partitions, locked until the transaction ends."""
+        wanted = sorted(set(partitions))
+        records = await self.conn.fetch(
+            f"SELECT topic, partition, next_offset FROM {self.table('projector_offsets')} "
+            "WHERE (topic, partition) IN (SELECT * FROM unnest($1::text[], $2::int[])) "
+            "ORDER BY topic, partition FOR UPDATE",
+            [t for t, _ in wanted],
+            [p for _, p in wanted],
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in records}
+
+    async def offsets(self) -> dict[Partition, int]:
+        records = await self.conn.fetch(
+            f"SELECT topic, partition, next_offset FROM {self.table('projector_offsets')}"
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in records}
+
+    async def save_offsets(
+        self, next_offsets: Mapping[Partition, int], end_offsets: Mapping[Partition, int]
+    ) -> None:
+        await self.conn.executemany(
+            f"INSERT INTO {self.table('projector_offsets')} "
+            "(topic, partition, next_offset, end_offset, updated_at) "
+            "VALUES ($1, $2, $3, $4, now()) ON CONFLICT (topic, partition) DO UPDATE SET "
+            "next_offset = EXCLUDED.next_offset, end_offset = EXCLUDED.end_offset, "
+            "updated_at = EXCLUDED.updated_at",
+            [
+                (t, p, offset, max(offset, end_offsets.get((t, p), offset)))
+                for (t, p), offset in sorted(next_offsets.items())
+            ],
+        )
+        # Delivered at commit: waiters for offsets or rollouts look again.
+        await self.conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, self.schema)
+
+    # ---- SQL -----------------------------------------------------------------------------
+
+    def _insert_sql(self, row_type: type[Row]) -> str:
+        cols = columns(row_type)
+        params = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
+        return (
+            f"INSERT INTO {self.table(row_type)} ({', '.join(cols)}) VALUES ({params}) "
+            f"ON CONFLICT ({', '.join(_KEYS[row_type])}) DO NOTHING"
+        )
+
+    def _upsert_sql(self, row_type: type[Row]) -> str:
+        keys = _KEYS[row_type]
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns(row_type) if c not in keys)
+        insert = self._insert_sql(row_type).removesuffix("DO NOTHING")
+        return f"{insert}DO UPDATE SET {updates}"
+
+
+async def active_read_model(conn: asyncpg.Connection, lock: bool = False) -> str:
+    """The schema queries read and live projectors write. `lock` holds it (FOR SHARE) so a
+    replay cannot switch it under a running transaction."""
+    for _ in range(3):
+        name = await conn.fetchval(
+            "SELECT name FROM public.read_models WHERE active" + (" FOR SHARE" if lock else "")
+        )
+        if name is not None:
+            return str(name)
+    raise LookupError("no active read model: run `agl-stream db upgrade`")
