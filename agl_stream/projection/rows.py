@@ -9,7 +9,7 @@ the topics, and any duplicate, gives the same row.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +23,7 @@ class RolloutRow:
     mode: str | None = None
     input: Json = None
     resources_id: str | None = None
-    metadata: Json = None
+    metadata: Json = field(default_factory=dict)
     timeout_seconds: float | None = None
     unresponsive_seconds: float | None = None
     max_attempts: int | None = None

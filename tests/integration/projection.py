@@ -1,0 +1,74 @@
+"""Driving projectors in tests, and the whole read model as the query API sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.projection.projector import Projector, ProjectorConfig
+from agl_stream.queries import ReadModel
+
+
+@asynccontextmanager
+async def projector_in_process(
+    kafka: KafkaSettings, database: DatabaseSettings, **config: Any
+) -> AsyncIterator[Projector]:
+    settings = {"session_timeout_ms": 6000, "heartbeat_seconds": 1.0}
+    projector = Projector(kafka, database, ProjectorConfig(**{**settings, **config}))
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    try:
+        yield projector
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def projector_process(
+    kafka: KafkaSettings, database: DatabaseSettings, name: str, batch_size: int = 500
+) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
+        "AGL_STREAM_DATABASE_URL": database.database_url.get_secret_value(),
+    }
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "projector",
+        "--worker-id", name, "--batch-size", str(batch_size), "--session-timeout-ms", "6000",
+        "--heartbeat", "1",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def dump(database: DatabaseSettings, read_model: str | None = None) -> dict[str, Any]:
+    """Every rollout with its attempts and spans, every resources version, every worker
+    (less its health, which depends on the clock), through the query API."""
+    out: dict[str, Any] = {}
+    async with ReadModel.open(database, read_model) as rm:
+        cursor = None
+        while True:
+            page = await rm.rollouts(sort="id", limit=1000, cursor=cursor)
+            for rollout in page.items:
+                out[rollout.rollout_id] = {
+                    "rollout": rollout.model_dump(),
+                    "attempts": [a.model_dump() for a in await rm.attempts(rollout.rollout_id)],
+                    "spans": [s.model_dump() for s in await rm.spans(rollout.rollout_id)],
+                }
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        out["resources"] = [r.model_dump() for r in await rm.resources_history(limit=1000)]
+        out["workers"] = [w.model_dump(exclude={"health"}) for w in await rm.workers()]
+    return out
+
+
+async def caught_up(database: DatabaseSettings, kafka_ends: dict[tuple[str, int], int]) -> bool:
+    async with ReadModel.open(database) as rm:
+        stored = {(p.topic, p.partition): p.next_offset for p in await rm.lag()}
+    return all(stored.get(p, 0) >= end for p, end in kafka_ends.items() if end > 0)

@@ -1,0 +1,114 @@
+"""Kill -9 the projector at random points while events flow: after it catches up, the read
+model equals, row for row through the query API, a replay of the same topics into an empty
+read model. Also when every event is delivered twice."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+import pytest
+from aiokafka import TopicPartition
+
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.kafka import end_offsets, producer
+from agl_stream.projection.projector import PROJECTED_TOPICS
+from agl_stream.projection.replay import ReplayLimits, replay
+from agl_stream.queries import ReadModel
+from agl_stream.streams import EventPublisher, Topics
+from agl_stream.topic_admin import apply_topics
+from tests.integration.helpers import eventually
+from tests.integration.projection import caught_up, dump, projector_process
+from tests.traffic import Traffic, traffic
+
+pytestmark = pytest.mark.slow
+
+
+async def publish_slowly(kafka: KafkaSettings, sent: Traffic, chunk: int = 150) -> None:
+    async with producer(kafka, linger_ms=5) as prod:
+        publisher = EventPublisher(prod, Topics(kafka))
+        for start in range(0, len(sent), chunk):
+            futures = [await publisher.send(t, e) for t, e in sent[start : start + chunk]]
+            await asyncio.gather(*futures)
+            await asyncio.sleep(0.05)
+
+
+async def ends(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
+    topics = Topics(kafka)
+    tps = [
+        TopicPartition(topics.name(t), p)
+        for t in PROJECTED_TOPICS
+        for p in range(topics.specs[t].partitions)
+    ]
+    return {(tp.topic, tp.partition): o for tp, o in (await end_offsets(kafka, tps)).items()}
+
+
+async def kill_repeatedly(
+    kafka: KafkaSettings, database: DatabaseSettings, sent: Traffic, kills: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    publishing = asyncio.create_task(publish_slowly(kafka, sent))
+    for i in range(kills):
+        process = await projector_process(kafka, database, f"victim-{i}", batch_size=200)
+        await asyncio.sleep(rng.uniform(2.0, 5.0))
+        if process.returncode is not None:
+            assert process.stderr is not None
+            pytest.fail(f"the projector died by itself: {(await process.stderr.read()).decode()}")
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    await publishing
+    survivor = await projector_process(kafka, database, "survivor", batch_size=200)
+    try:
+        final = await ends(kafka)
+        await eventually(lambda: caught_up(database, final), 180, "the projector to catch up")
+    finally:
+        survivor.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(survivor.wait(), 60)
+
+
+async def assert_equals_replay(kafka: KafkaSettings, database: DatabaseSettings) -> None:
+    """A replay of the records the live projection has seen (the projectors' own last
+    heartbeats come after it stopped) gives the same answers to every query."""
+    live = await dump(database)
+    async with ReadModel.open(database) as rm:
+        seen = {(p.topic, p.partition): p.next_offset for p in await rm.lag()}
+    limits = ReplayLimits(until_offsets=seen)
+    rebuilt = await replay(kafka, database, name="rebuilt", limits=limits, switch=False)
+    assert rebuilt.events > 0
+    again = await dump(database, "rebuilt")
+    assert live.keys() == again.keys()
+    for key in live:
+        assert live[key] == again[key], key
+
+
+async def test_kill_9_many_times_then_equal_to_a_replay(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    sent = traffic(seed=11, rollouts=400)
+    await kill_repeatedly(kafka, database, sent, kills=5, seed=1)
+    await assert_equals_replay(kafka, database)
+    live = await dump(database)
+    assert len([k for k in live if k.startswith("ro-")]) == 400
+
+
+async def test_every_event_delivered_twice(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    once = traffic(seed=12, rollouts=200)
+    rng = random.Random(5)
+    twice = once + once
+    # The second copy comes later, in another order (another process re-sending).
+    second = twice[len(once) :]
+    rng.shuffle(second)
+    await kill_repeatedly(kafka, database, once + second, kills=3, seed=2)
+    await assert_equals_replay(kafka, database)
+    # And the same as if each event had come once.
+    single = kafka.model_copy(update={"topic_prefix": f"{kafka.topic_prefix}once."})
+    await apply_topics(single)
+    await publish_slowly(single, once, chunk=1000)
+    await replay(single, database, name="once", switch=False)
+    twice_seen, once_seen = await dump(database), await dump(database, "once")
+    twice_seen.pop("workers")
+    once_seen.pop("workers")  # the projectors' own heartbeats differ
+    assert twice_seen == once_seen
