@@ -16,6 +16,7 @@ from rich.console import Console
 
 from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
 from agl_stream.embedded.process import StackError
+from agl_stream.queries.params import NotFound, QueryError
 from agl_stream.topic_admin import TopicsNotReady
 from agl_stream.topic_spec import TopicSpecError
 
@@ -50,6 +51,12 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
+        except NotFound as exc:
+            _fail(str(exc))
+        except QueryError as exc:
+            _fail(f"bad query: {exc}", code=2)
+        except TimeoutError as exc:
+            _fail(str(exc) or "timed out")
         except (StackError, TopicsNotReady, TopicSpecError) as exc:
             _fail(str(exc))
         except KafkaConnectionError as exc:
@@ -71,9 +78,9 @@ def reaching(what: str) -> Iterator[None]:
         _fail(f"cannot reach {what}: {exc.strerror or exc}")
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise SystemExit(1)
+    raise SystemExit(code)
 
 
 def run(coro: Coroutine[Any, Any, R]) -> R:

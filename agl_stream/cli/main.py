@@ -5,7 +5,18 @@ from __future__ import annotations
 import click
 
 from agl_stream import __version__
-from agl_stream.cli import db, dlq, enqueue, schemas, stack, status, topics, worker
+from agl_stream.cli import (
+    db,
+    dlq,
+    enqueue,
+    query,
+    replay,
+    schemas,
+    stack,
+    status,
+    topics,
+    worker,
+)
 from agl_stream.cli.common import AppContext
 
 
@@ -50,6 +61,8 @@ cli.add_command(dlq.dlq)
 cli.add_command(db.db)
 cli.add_command(enqueue.enqueue_command)
 cli.add_command(worker.worker)
+cli.add_command(query.query)
+cli.add_command(replay.replay_command)
 
 
 if __name__ == "__main__":

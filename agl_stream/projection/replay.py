@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -46,6 +47,19 @@ class ReplayResult:
     events: int
     dead_letters: int
     switched: bool
+
+
+async def list_read_models(database: DatabaseSettings) -> list[dict[str, Any]]:
+    """Every read model: name, active, state, created_at (ISO), description."""
+    conn = await connect(database.asyncpg_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT name, active, state, created_at, description FROM public.read_models "
+            "ORDER BY created_at, name"
+        )
+    finally:
+        await conn.close()
+    return [{**dict(r), "created_at": r["created_at"].isoformat()} for r in rows]
 
 
 async def next_read_model_name(database: DatabaseSettings) -> str:

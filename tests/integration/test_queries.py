@@ -1,0 +1,236 @@
+"""The query API's contract, run on every PostgreSQL backend there is (embedded here,
+testcontainers where Docker exists). The read model is seeded through the projector's own
+store from synthetic traffic; expectations come from the pure fold of the same events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agl_stream.config import DatabaseSettings
+from agl_stream.events import Event, RolloutFinished, RolloutStatus
+from agl_stream.projection.fold import keys, project
+from agl_stream.projection.rows import RolloutRow
+from agl_stream.projection.store import ProjectionStore, active_read_model, connect
+from agl_stream.queries import NotFound, QueryError, ReadModel
+from tests.integration.helpers import invoke_cli
+from tests.traffic import traffic
+from tests.unit.test_projection_fold import fold_in_order
+
+EVENTS = [e for _, e in traffic(seed=21, rollouts=60)]
+ROWS = fold_in_order(EVENTS)
+ROLLOUTS: dict[str, RolloutRow] = ROWS.state.rollouts
+
+
+async def write(database: DatabaseSettings, events: list[Event], offset: int) -> None:
+    """What one projector transaction does: rows, then the offset (which notifies)."""
+    conn = await connect(database.asyncpg_dsn)
+    try:
+        store = ProjectionStore(conn, await active_read_model(conn))
+        async with conn.transaction():
+            changes = project(events, await store.load(keys(events)))
+            await store.write(changes)
+            await store.save_offsets({("seed", 0): offset}, {("seed", 0): offset})
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def seeded(database: DatabaseSettings) -> DatabaseSettings:
+    await write(database, EVENTS, len(EVENTS))
+    return database
+
+
+async def all_pages(rm: ReadModel, **options: object) -> list[str]:
+    ids: list[str] = []
+    cursor = None
+    while True:
+        page = await rm.rollouts(cursor=cursor, **options)
+        ids += [r.rollout_id for r in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            return ids
+
+
+async def test_filters(seeded: DatabaseSettings) -> None:
+    rows = list(ROLLOUTS.values())
+    async with ReadModel.open(seeded) as rm:
+        cancelled = await all_pages(rm, status=("cancelled",))
+        assert sorted(cancelled) == sorted(r.rollout_id for r in rows if r.status == "cancelled")
+        assert cancelled, "the traffic has cancelled rollouts"
+        train = await all_pages(rm, mode=("train",), limit=1000)
+        assert sorted(train) == sorted(r.rollout_id for r in rows if r.mode == "train")
+        team_a = await all_pages(rm, metadata={"team": "a"})
+        assert sorted(team_a) == sorted(r.rollout_id for r in rows if r.metadata["team"] == "a")
+        assert len(await all_pages(rm, metadata={"team": None})) == len(rows)
+        assert await all_pages(rm, metadata={"absent": None}) == []
+        worker = rows[0].worker_id
+        on_worker = await all_pages(rm, worker_id=worker)
+        assert sorted(on_worker) == sorted(r.rollout_id for r in rows if r.worker_id == worker)
+        pinned = await all_pages(rm, resources_id="res-1")
+        expected = [
+            r.rollout_id for r in rows if "res-1" in (r.resources_id, r.attempt_resources_id)
+        ]
+        assert sorted(pinned) == sorted(expected)
+        middle = sorted(r.updated_at for r in rows if r.updated_at)[len(rows) // 2]
+        late = await all_pages(rm, since=middle)
+        assert sorted(late) == sorted(
+            r.rollout_id for r in rows if r.updated_at and r.updated_at >= middle
+        )
+        early = await all_pages(rm, until=middle)
+        assert len(early) + len(late) == len(rows)
+        finished = await all_pages(
+            rm, time_field="finished", since=datetime(2000, 1, 1, tzinfo=UTC)
+        )
+        assert len(finished) == sum(1 for r in rows if r.finished_at is not None)
+
+
+@pytest.mark.parametrize("sort", ["queued", "updated", "id"])
+@pytest.mark.parametrize("descending", [False, True])
+async def test_keyset_pages_cover_everything_once_in_order(
+    seeded: DatabaseSettings, sort: str, descending: bool
+) -> None:
+    async with ReadModel.open(seeded) as rm:
+        paged = await all_pages(rm, sort=sort, descending=descending, limit=7)
+        whole = (await rm.rollouts(sort=sort, descending=descending, limit=1000)).items
+    assert paged == [r.rollout_id for r in whole]
+    assert len(paged) == len(set(paged)) == len(ROLLOUTS)
+    if sort == "id":
+        assert paged == sorted(paged, reverse=descending)
+
+
+async def test_attempts_and_spans(seeded: DatabaseSettings) -> None:
+    retried = next(r for r in ROLLOUTS.values() if r.attempt_count > 1)
+    async with ReadModel.open(seeded) as rm:
+        attempts = await rm.attempts(retried.rollout_id)
+        assert [a.attempt_number for a in attempts] == sorted(a.attempt_number for a in attempts)
+        assert all(a.complete for a in attempts)
+        assert attempts[-1].attempt_id == retried.latest_attempt_id
+        every = await rm.spans(retried.rollout_id)
+        latest = await rm.spans(retried.rollout_id, latest_attempt=True)
+        assert {s.attempt_id for s in latest} <= {retried.latest_attempt_id}
+        assert len(latest) == attempts[-1].span_count
+        assert len(every) == sum(a.span_count or 0 for a in attempts)
+        if every:
+            name = every[0].name
+            named = await rm.spans(retried.rollout_id, name=name)
+            assert named and all(s.name == name for s in named)
+            start = every[0].start_time
+            after = await rm.spans(retried.rollout_id, since=start + timedelta(microseconds=1))
+            assert every[0] not in after
+        with pytest.raises(QueryError, match="not both"):
+            await rm.spans(retried.rollout_id, attempt_id="x", latest_attempt=True)
+        with pytest.raises(NotFound, match="no rollout 'nope'"):
+            await rm.attempts("nope")
+
+
+async def test_resources_and_workers(seeded: DatabaseSettings) -> None:
+    async with ReadModel.open(seeded) as rm:
+        history = await rm.resources_history()
+        assert [r.version for r in history] == sorted((r.version for r in history), reverse=True)
+        assert (await rm.latest_resources()).version == max(r.version for r in history)
+        assert len(await rm.resources_history(name="prompt")) == len(history)
+        assert await rm.resources_history(name="checkpoint") == []
+        assert history[0].resources["prompt"]["type"] == "PromptTemplate"
+        workers = await rm.workers()
+        assert {w.worker_id for w in workers} == set(ROWS.state.workers)
+        last = max(w.last_heartbeat_at for w in workers)
+        fresh = await rm.workers(now=last + timedelta(seconds=1))
+        assert any(w.health == "alive" for w in fresh)
+        later = await rm.workers(now=last + timedelta(hours=1))
+        assert {w.health for w in later} == {"stale"}
+        assert await rm.workers(role="trainer") == []
+
+
+async def test_wait_for_rollouts_wakes_on_the_projectors_commit(
+    database: DatabaseSettings,
+) -> None:
+    open_rollout = next(r for r in ROLLOUTS.values() if r.status == "succeeded")
+    head = [e for e in EVENTS if not isinstance(e, RolloutFinished)]
+    await write(database, head, 1)
+    async with ReadModel.open(database) as rm:
+        assert (await rm.rollout(open_rollout.rollout_id)).status != "succeeded"
+        with pytest.raises(TimeoutError, match=open_rollout.rollout_id):
+            await rm.wait_for_rollouts([open_rollout.rollout_id], within=0.5)
+        waiting = asyncio.create_task(rm.wait_for_rollouts([open_rollout.rollout_id], within=30))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        started = asyncio.get_running_loop().time()
+        await write(database, EVENTS, 2)
+        statuses = await waiting
+        # Woken by the notification, well before the 5 s safety re-check.
+        assert asyncio.get_running_loop().time() - started < 4
+    assert statuses == {open_rollout.rollout_id: RolloutStatus.SUCCEEDED.value}
+
+
+async def test_read_your_writes(database: DatabaseSettings) -> None:
+    async with ReadModel.open(database) as rm:
+        with pytest.raises(TimeoutError, match="is a projector running"):
+            await rm.wait_for_offsets({("seed", 0): 5}, within=0.3)
+        waiting = asyncio.create_task(rm.rollouts(wait_for={("seed", 0): 5}, limit=1000))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await write(database, EVENTS, 6)
+        page = await waiting
+    assert len(page.items) == len(ROLLOUTS)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"status": ("lost",)}, "status: 'lost' is not one of"),
+        ({"colour": "red"}, "unknown field 'colour'"),
+        ({"limit": 0}, "limit: Input should be greater than or equal to 1"),
+        ({"limit": 5000}, "limit: Input should be less than or equal to 1000"),
+        ({"cursor": "???"}, "cursor is not one this API returned"),
+        ({"sort": "reward"}, "sort: 'reward' is not one of"),
+        ({"since": "yesterday"}, "since: Input should be a valid datetime"),
+        (
+            {"since": datetime(2026, 2, 1, tzinfo=UTC), "until": datetime(2026, 1, 1, tzinfo=UTC)},
+            "since must not be after until",
+        ),
+    ],
+)
+async def test_bad_queries_say_what_is_wrong(
+    database: DatabaseSettings, options: dict[str, object], message: str
+) -> None:
+    async with ReadModel.open(database) as rm:
+        with pytest.raises(QueryError, match=message.replace("(", r"\(")):
+            await rm.rollouts(**options)
+
+
+async def test_a_cursor_only_fits_its_own_sort(seeded: DatabaseSettings) -> None:
+    async with ReadModel.open(seeded) as rm:
+        page = await rm.rollouts(sort="id", limit=2)
+        assert page.next_cursor is not None
+        with pytest.raises(QueryError, match="cursor belongs to sort='id'"):
+            await rm.rollouts(sort="updated", cursor=page.next_cursor)
+    with pytest.raises(NotFound, match="no read model named 'old'"):
+        async with ReadModel.open(seeded, "old"):
+            pass
+
+
+async def test_the_cli_prints_tables_json_and_clear_errors(seeded: DatabaseSettings) -> None:
+    url = ("--database-url", seeded.database_url.get_secret_value())
+    result = await invoke_cli(*url, "query", "rollouts", "--status", "cancelled", "--json")
+    assert result.exit_code == 0, result.output
+    page = json.loads(result.output)
+    assert {r["status"] for r in page["items"]} == {"cancelled"}
+    some = page["items"][0]["rollout_id"]
+    result = await invoke_cli(*url, "query", "attempts", some)
+    assert result.exit_code == 0 and "attempts of" in result.output
+    for args, expected in [
+        (("query", "rollouts", "--limit", "0"), "bad query: limit"),
+        (("query", "rollouts", "--since", "last tuesday"), "is not a time"),
+        (("query", "rollouts", "--status", "lost"), "'lost' is not one of"),
+        (("query", "rollouts", "--cursor", "zzz"), "cursor is not one this API returned"),
+        (("query", "spans", "nope"), "no rollout 'nope'"),
+        (("query", "rollouts", "--read-model", "old"), "no read model named 'old'"),
+    ]:
+        result = await invoke_cli(*url, *args)
+        assert result.exit_code != 0, args
+        assert expected in result.output, (args, result.output)
+        assert "Traceback" not in result.output
