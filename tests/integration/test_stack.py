@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agl_stream.config import KafkaSettings, StackSettings, load
+from agl_stream.db.migrate import head_revision
 from agl_stream.embedded.process import alive, pick_port
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.kafka import consumer, producer
@@ -74,7 +75,7 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
         assert sum(tasks["end_offsets"]) == len(written)
         keeper = next(g for g in report["groups"] if g["group"] == "keeper")
         assert keeper["lag"]["agl.tasks"] == len(written) - len(got)
-        assert report["database"]["revision"] == "0001"
+        assert report["database"]["revision"] == head_revision()
 
         async with (
             producer(kafka) as prod,
