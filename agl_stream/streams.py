@@ -41,6 +41,7 @@ class Batch:
 
     events: dict[TopicPartition, list[ConsumedEvent]] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    first_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     dead_lettered: int = 0
 
     def __iter__(self) -> Iterator[ConsumedEvent]:
@@ -126,6 +127,8 @@ class EventStream:
         batch = Batch()
         pending: list[asyncio.Future[RecordMetadata]] = []
         for tp, items in records.items():
+            if items:
+                batch.first_offsets[tp] = items[0].offset
             good: list[ConsumedEvent] = []
             for record in items:
                 consumed, letter = self._decode(record)

@@ -72,6 +72,12 @@ class Projection:
                 for p, offset in stored.items()
                 if (position := self.positions.get(p)) is not None and offset < position
             }
+            # A batch that starts past where the database stands would leave a hole.
+            for p, tp in partitions.items():
+                expected = stored.get(p, self.positions.get(p))
+                first = batch.first_offsets.get(tp)
+                if expected is not None and first is not None and first > expected:
+                    behind[p] = expected
             if behind:
                 return Behind(behind)
             events: list[Event] = []

@@ -115,10 +115,12 @@ def project(events: Iterable[Event], state: State) -> Changes:
             state.workers[event.worker_id] = apply_heartbeat(
                 state.workers.get(event.worker_id), event
             )
+    by_rollout: dict[str, list[AttemptRow]] = {}
+    for (rollout_id, _), attempt in state.attempts.items():
+        by_rollout.setdefault(rollout_id, []).append(attempt)
     for rollout_id in touched:
         row = state.rollouts.get(rollout_id) or RolloutRow(rollout_id, "queuing")
-        attempts = [a for (r, _), a in state.attempts.items() if r == rollout_id]
-        state.rollouts[rollout_id] = derive(row, attempts)
+        state.rollouts[rollout_id] = derive(row, by_rollout.get(rollout_id, []))
     return Changes(
         rollouts=_changed(before.rollouts, state.rollouts),
         attempts=_changed(before.attempts, state.attempts),
@@ -297,8 +299,8 @@ def span_row(event: SpanRecorded) -> SpanRow:
         status_code=event.status.code.value,
         status_description=event.status.description,
         attributes=event.attributes,
-        events=[e.model_dump(mode="json") for e in event.events],
-        links=[link.model_dump(mode="json") for link in event.links],
+        events=[e.model_dump(mode="json") for e in event.events] if event.events else [],
+        links=[link.model_dump(mode="json") for link in event.links] if event.links else [],
         resource=event.resource,
         scope_name=event.scope_name,
     )

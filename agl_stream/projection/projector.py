@@ -106,12 +106,26 @@ class Projector:
         return self._projection
 
     async def _loop(self, stream: EventStream, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            batch = await stream.next_batch(timeout_ms=500, max_records=self.config.max_batch)
-            if not batch.next_offsets:
-                continue
-            async with self._lock:
-                await self._apply(stream, batch)
+        # One batch is written while the next is fetched and decoded (decoding is most of
+        # the CPU); batches still commit one after another, in order.
+        writing: asyncio.Task[None] | None = None
+        try:
+            while not stop.is_set():
+                batch = await stream.next_batch(timeout_ms=500, max_records=self.config.max_batch)
+                if writing is not None:
+                    await writing
+                    writing = None
+                if batch.next_offsets:
+                    writing = asyncio.create_task(self._apply_locked(stream, batch))
+            if writing is not None:
+                await writing
+        finally:
+            if writing is not None and not writing.done():
+                writing.cancel()
+
+    async def _apply_locked(self, stream: EventStream, batch: Batch) -> None:
+        async with self._lock:
+            await self._apply(stream, batch)
 
     async def _apply(self, stream: EventStream, batch: Batch) -> None:
         reader = self._consumer

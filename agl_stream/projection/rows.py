@@ -8,7 +8,9 @@ the topics, and any duplicate, gives the same row.
 
 from __future__ import annotations
 
+import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -128,9 +130,19 @@ class WorkerRow:
 Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow
 
 
+_ROW_TYPES: tuple[type[Row], ...] = (RolloutRow, AttemptRow, SpanRow, ResourcesRow, WorkerRow)
+_COLUMNS: dict[type[Row], tuple[str, ...]] = {
+    t: tuple(f.name for f in fields(t)) for t in _ROW_TYPES
+}
+_GETTERS: dict[type[Row], Callable[[Row], tuple[Any, ...]]] = {
+    t: operator.attrgetter(*names) for t, names in _COLUMNS.items()
+}
+
+
 def columns(row_type: type[Row]) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(row_type))
+    return _COLUMNS[row_type]
 
 
 def values(row: Row) -> tuple[Any, ...]:
-    return tuple(getattr(row, name) for name in columns(type(row)))
+    """The row's values in column order."""
+    return _GETTERS[type(row)](row)
