@@ -112,3 +112,28 @@ async def test_every_event_delivered_twice(
     twice_seen.pop("workers")
     once_seen.pop("workers")  # the projectors' own heartbeats differ
     assert twice_seen == once_seen
+
+
+async def test_two_projectors_share_the_work_and_survive_a_kill(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    sent = traffic(seed=13, rollouts=300)
+    publishing = asyncio.create_task(publish_slowly(kafka, sent))
+    pair = [await projector_process(kafka, database, f"pair-{i}", batch_size=200) for i in range(2)]
+    try:
+        await asyncio.sleep(6)  # both in the group, both writing
+        pair[0].send_signal(signal.SIGKILL)
+        await pair[0].wait()
+        await publishing
+        final = await ends(kafka)
+        await eventually(lambda: caught_up(database, final), 180, "the survivor to catch up")
+    finally:
+        if pair[1].returncode is None:
+            pair[1].send_signal(signal.SIGTERM)
+        await asyncio.wait_for(pair[1].wait(), 60)
+    assert pair[1].returncode == 0
+    async with ReadModel.open(database) as rm:
+        projected = {w.worker_id: w.counts.get("events", 0) for w in await rm.workers()}
+    # Both projected a share before the kill (heartbeats carry their counts).
+    assert projected.get("pair-0", 0) > 0 and projected.get("pair-1", 0) > 0, projected
+    await assert_equals_replay(kafka, database)
