@@ -9,9 +9,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from aiokafka import TopicPartition
+
 from agl_stream.config import DatabaseSettings, KafkaSettings
-from agl_stream.projection.projector import Projector, ProjectorConfig
+from agl_stream.kafka import end_offsets
+from agl_stream.projection.projector import PROJECTED_TOPICS, Projector, ProjectorConfig
 from agl_stream.queries import ReadModel
+from agl_stream.streams import Topics
 
 
 @asynccontextmanager
@@ -72,3 +76,13 @@ async def caught_up(database: DatabaseSettings, kafka_ends: dict[tuple[str, int]
     async with ReadModel.open(database) as rm:
         stored = {(p.topic, p.partition): p.next_offset for p in await rm.lag()}
     return all(stored.get(p, 0) >= end for p, end in kafka_ends.items() if end > 0)
+
+
+async def ends(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
+    topics = Topics(kafka)
+    tps = [
+        TopicPartition(topics.name(t), p)
+        for t in PROJECTED_TOPICS
+        for p in range(topics.specs[t].partitions)
+    ]
+    return {(tp.topic, tp.partition): o for tp, o in (await end_offsets(kafka, tps)).items()}

@@ -12,8 +12,9 @@ from agl_stream.projection.replay import ReplayLimits, list_read_models, replay
 from agl_stream.queries import ReadModel
 from agl_stream.streams import EventPublisher, Topics
 from tests.integration.helpers import eventually, invoke_cli
-from tests.integration.projection import dump, projector_in_process
+from tests.integration.projection import caught_up, dump, projector_in_process
 from tests.integration.runs import queue, runner_in_process, wait_terminal
+from tests.integration.test_projector_kill import ends
 from tests.traffic import Traffic, traffic
 
 
@@ -73,7 +74,10 @@ async def test_replay_switches_while_queries_go_on(
                 await asyncio.sleep(0.02)
 
     async with projector_in_process(kafka, database) as projector, ReadModel.open(database) as rm:
-        await eventually(lambda: _count(rm, 80), 60, "the first traffic to be projected")
+        published = await ends(kafka)
+        await eventually(
+            lambda: caught_up(database, published), 60, "the first traffic to be projected"
+        )
         before = await dump(database)
         asking = asyncio.create_task(keep_asking())
         result = await replay(kafka, database)

@@ -9,17 +9,15 @@ import random
 import signal
 
 import pytest
-from aiokafka import TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
-from agl_stream.kafka import end_offsets, producer
-from agl_stream.projection.projector import PROJECTED_TOPICS
+from agl_stream.kafka import producer
 from agl_stream.projection.replay import ReplayLimits, replay
 from agl_stream.queries import ReadModel
 from agl_stream.streams import EventPublisher, Topics
 from agl_stream.topic_admin import apply_topics
 from tests.integration.helpers import eventually
-from tests.integration.projection import caught_up, dump, projector_process
+from tests.integration.projection import caught_up, dump, ends, projector_process
 from tests.traffic import Traffic, traffic
 
 pytestmark = pytest.mark.slow
@@ -32,16 +30,6 @@ async def publish_slowly(kafka: KafkaSettings, sent: Traffic, chunk: int = 150) 
             futures = [await publisher.send(t, e) for t, e in sent[start : start + chunk]]
             await asyncio.gather(*futures)
             await asyncio.sleep(0.05)
-
-
-async def ends(kafka: KafkaSettings) -> dict[tuple[str, int], int]:
-    topics = Topics(kafka)
-    tps = [
-        TopicPartition(topics.name(t), p)
-        for t in PROJECTED_TOPICS
-        for p in range(topics.specs[t].partitions)
-    ]
-    return {(tp.topic, tp.partition): o for tp, o in (await end_offsets(kafka, tps)).items()}
 
 
 async def kill_repeatedly(
