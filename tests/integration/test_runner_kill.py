@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 async def test_kill_one_of_three_runners_mid_flight(kafka: KafkaSettings) -> None:
-    tasks = [{"spans": 3, "sleep": 0.6, "reward": 1.0} for _ in range(200)]
+    # Long enough that all three runners still have work in flight when one is killed.
+    tasks = [{"spans": 3, "sleep": 1.5, "reward": 1.0} for _ in range(200)]
     runners = [await runner_process(kafka, f"kill-test-{i}", concurrency=8) for i in range(3)]
     try:
         ids = await queue(kafka, tasks)
