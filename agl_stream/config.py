@@ -254,3 +254,18 @@ def _explain(exc: ValidationError) -> str:
 def current_role(default: str | None = None) -> str | None:
     """AGL_CURRENT_ROLE, as Agent Lightning users set it."""
     return os.environ.get("AGL_CURRENT_ROLE", default)
+
+
+def child_environment(
+    kafka: KafkaSettings, database: DatabaseSettings | None = None
+) -> dict[str, str]:
+    """This process's environment plus the AGL_STREAM_* variables that hand these settings
+    to a worker started as a child process."""
+    env = {
+        **os.environ,
+        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
+    }
+    if database is not None:
+        env["AGL_STREAM_DATABASE_URL"] = database.database_url.get_secret_value()
+    return env

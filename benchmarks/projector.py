@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
 import statistics
@@ -31,7 +30,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
+from agl_stream.config import (
+    DatabaseSettings,
+    KafkaSettings,
+    StackSettings,
+    child_environment,
+    load,
+)
 from agl_stream.db.migrate import FIRST_READ_MODEL, migrate
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.events import (
@@ -143,12 +148,7 @@ async def projected(conn: asyncpg.Connection, schema: str) -> tuple[int, int]:
 async def project(
     kafka: KafkaSettings, database: DatabaseSettings, args: argparse.Namespace, records: int
 ) -> dict[str, object]:
-    env = {
-        **os.environ,
-        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
-        "AGL_STREAM_DATABASE_URL": database.database_url.get_secret_value(),
-    }
+    env = child_environment(kafka, database)
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "projector",
@@ -181,7 +181,9 @@ async def project(
                     break
                 await asyncio.sleep(0.2)
         end_samples = {p.pid: sample(p.pid) for p in processes}
-        assert t0 is not None and c0 is not None and s0 is not None
+        assert t0 is not None
+        assert c0 is not None
+        assert s0 is not None
         elapsed = t1 - t0
         steady = await steady_load(kafka, conn, args, records) if args.steady_seconds else {}
     finally:
@@ -297,10 +299,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     records, args.spans_sent = await produce(kafka, args.seed, args.run, args.spans)
     projection = await project(kafka, database, args, records)
     ceiling = await copy_ceiling(database, args)
+    ratio = round(int(projection["spans_per_s"]) / int(ceiling["copy_rows_per_s"]), 3)  # type: ignore[call-overload]
     result: dict[str, object] = {
         "spans": args.spans_sent, "records": records, "projectors": args.projectors,
         "batch": args.batch, **projection, **ceiling,
-        "projection_to_copy_ratio": round(projection["spans_per_s"] / ceiling["copy_rows_per_s"], 3),  # type: ignore[operator]
+        "projection_to_copy_ratio": ratio,
     }  # fmt: skip
     admin = await asyncpg.connect(database.with_database("postgres").asyncpg_dsn)
     try:

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import KafkaSettings, StackSettings, load
+from agl_stream.config import KafkaSettings, StackSettings, child_environment, load
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, RolloutQueued
@@ -143,11 +143,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.",
     )
     await apply_topics(kafka)
-    env = {
-        **os.environ,
-        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
-    }
+    env = child_environment(kafka)
     runners = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
@@ -162,7 +158,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             await run_batch(kafka, 25 * args.runners, args, pids)
         before = {
             pid: sample(pid)
-            for pid in pids + [state.broker_pid or 0, state.seaweed_pid or 0]
+            for pid in [*pids, state.broker_pid or 0, state.seaweed_pid or 0]
             if pid
         }
         span_start = sum((await positions(kafka, "spans")).values())

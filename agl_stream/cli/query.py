@@ -141,7 +141,7 @@ def rollouts(
     )  # fmt: skip
     page = _ask(app, read_model, lambda rm: rm.rollouts(f))
     if as_json:
-        _print_json({**page.model_dump(mode="json")})
+        _print_json(page)
         return
     _table(
         f"rollouts ({len(page.items)})",

@@ -52,10 +52,15 @@ class Projection:
     follow_active: bool = True
     # Where the consumer stands per partition (None: from the beginning, nothing stored).
     positions: dict[Partition, int | None] = field(default_factory=dict)
+    store: ProjectionStore = field(init=False)
 
-    @property
-    def store(self) -> ProjectionStore:
-        return ProjectionStore(self.conn, self.schema)
+    def __post_init__(self) -> None:
+        self.store = ProjectionStore(self.conn, self.schema)
+
+    def follow(self, schema: str) -> None:
+        """Write to another read model from now on (the caller seeks to its offsets)."""
+        self.schema = schema
+        self.store = ProjectionStore(self.conn, schema)
 
     async def apply(self, batch: Batch, ends: Mapping[Partition, int]) -> Outcome:
         store = self.store

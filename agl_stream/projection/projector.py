@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,12 +25,13 @@ from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
 from agl_stream.kafka import consumer, producer
 from agl_stream.projection.apply import Applied, Behind, Projection, Switched
-from agl_stream.projection.store import Partition, ProjectionStore, active_read_model, connect
+from agl_stream.projection.store import Partition, active_read_model, connect
 from agl_stream.streams import Batch, EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
 
+GROUP_COMMIT_SECONDS = 2.0
 PROJECTED_TOPICS = ("tasks", "rollouts", "spans", "resources", "workers")
 
 
@@ -64,6 +66,8 @@ class Projector:
         self._projection: Projection | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()  # one transaction at a time (rebalance vs loop)
+        self._group_offsets: dict[TopicPartition, int] = {}
+        self._group_committed_at = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_topics_ready(self.kafka, PROJECTED_TOPICS)
@@ -92,6 +96,7 @@ class Projector:
                 beats = asyncio.create_task(self._heartbeats(publisher, stop))
                 try:
                     await self._loop(stream, stop)
+                    await self._commit_group()
                 finally:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -116,18 +121,18 @@ class Projector:
                     await writing
                     writing = None
                 if batch.next_offsets:
-                    writing = asyncio.create_task(self._apply_locked(stream, batch))
+                    writing = asyncio.create_task(self._apply_locked(batch))
             if writing is not None:
                 await writing
         finally:
             if writing is not None and not writing.done():
                 writing.cancel()
 
-    async def _apply_locked(self, stream: EventStream, batch: Batch) -> None:
+    async def _apply_locked(self, batch: Batch) -> None:
         async with self._lock:
-            await self._apply(stream, batch)
+            await self._apply(batch)
 
-    async def _apply(self, stream: EventStream, batch: Batch) -> None:
+    async def _apply(self, batch: Batch) -> None:
         reader = self._consumer
         assert reader is not None
         ends = {(tp.topic, tp.partition): reader.highwater(tp) or 0 for tp in batch.next_offsets}
@@ -137,23 +142,34 @@ class Projector:
             self.counts["spans"] += outcome.spans
             self.counts["batches"] += 1
             self.counts["dead_letters"] += batch.dead_lettered
-            # The group's offsets only inform `agl-stream status`; PostgreSQL's are the truth.
-            with contextlib.suppress(Exception):
-                await stream.commit(batch)
+            self._group_offsets.update(batch.next_offsets)
+            if time.monotonic() - self._group_committed_at >= GROUP_COMMIT_SECONDS:
+                await self._commit_group()
         elif isinstance(outcome, Switched):
             log.warning("the active read model is now %s: following it", outcome.schema)
-            self.projection.schema = outcome.schema
+            self.projection.follow(outcome.schema)
             await self._seek(reader.assignment())
         elif isinstance(outcome, Behind):
             log.warning("the database is behind the consumer at %s: seeking back", outcome.offsets)
             await self._seek(TopicPartition(t, p) for (t, p) in outcome.offsets)
+
+    async def _commit_group(self) -> None:
+        """The group's offsets only inform `agl-stream status` (PostgreSQL's are the truth),
+        so they are committed now and then, not with every batch."""
+        self._group_committed_at = time.monotonic()
+        if self._consumer is None or not self._group_offsets:
+            return
+        offsets, self._group_offsets = self._group_offsets, {}
+        assigned = self._consumer.assignment()
+        with contextlib.suppress(Exception):  # e.g. during a rebalance; the next one will do
+            await self._consumer.commit({tp: o for tp, o in offsets.items() if tp in assigned})
 
     async def _seek(self, partitions: Iterable[TopicPartition]) -> None:
         """Seek to the offsets stored in the read model (the beginning where none is)."""
         reader = self._consumer
         assert reader is not None
         tps = list(partitions)
-        stored = await ProjectionStore(self.projection.conn, self.projection.schema).offsets()
+        stored = await self.projection.store.offsets()
         positions = self.projection.positions
         for tp in tps:
             key: Partition = (tp.topic, tp.partition)

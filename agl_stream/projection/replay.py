@@ -63,11 +63,7 @@ async def list_read_models(database: DatabaseSettings) -> list[dict[str, Any]]:
 
 
 async def next_read_model_name(database: DatabaseSettings) -> str:
-    conn = await connect(database.asyncpg_dsn)
-    try:
-        names = [r["name"] for r in await conn.fetch("SELECT name FROM public.read_models")]
-    finally:
-        await conn.close()
+    names = [m["name"] for m in await list_read_models(database)]
     numbers = [int(m.group(1)) for n in names if (m := re.fullmatch(r"read_model_(\d+)", n))]
     return f"read_model_{max(numbers, default=0) + 1}"
 

@@ -103,7 +103,7 @@ class ReadModel:
                     _R.rollout_id < last_id if f.descending else _R.rollout_id > last_id
                 )
             else:
-                key, at = tuple_(order, _R.rollout_id), tuple_(_as_param(value), _as_param(last_id))
+                key, at = tuple_(order, _R.rollout_id), tuple_(literal(value), literal(last_id))
                 query = query.where(key < at if f.descending else key > at)
         if f.descending:
             query = query.order_by(order.desc(), _R.rollout_id.desc())
@@ -330,10 +330,6 @@ async def _resolve(conn: AsyncConnection, read_model: str | None) -> str:
 
 def _partition(tp: TopicPartition | tuple[str, int]) -> tuple[str, int]:
     return (tp.topic, tp.partition) if isinstance(tp, TopicPartition) else (tp[0], tp[1])
-
-
-def _as_param(value: Any) -> Any:
-    return literal(value)
 
 
 def _rollout_columns() -> Sequence[ColumnElement[Any]]:

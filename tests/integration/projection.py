@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +10,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.kafka import end_offsets
 from agl_stream.projection.projector import PROJECTED_TOPICS, Projector, ProjectorConfig
 from agl_stream.queries import ReadModel
@@ -36,12 +35,7 @@ async def projector_in_process(
 async def projector_process(
     kafka: KafkaSettings, database: DatabaseSettings, name: str, batch_size: int = 500
 ) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
-        "AGL_STREAM_DATABASE_URL": database.database_url.get_secret_value(),
-    }
+    env = child_environment(kafka, database)
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "projector",
         "--worker-id", name, "--batch-size", str(batch_size), "--session-timeout-ms", "6000",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
@@ -15,7 +14,7 @@ from aiokafka import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from agl_stream.agent.api import load_agent
-from agl_stream.config import KafkaSettings
+from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import (
     AttemptFinished,
@@ -116,11 +115,7 @@ async def runner_in_process(
 async def runner_process(
     kafka: KafkaSettings, name: str, concurrency: int = 8
 ) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
-    }
+    env = child_environment(kafka)
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
         "--agent", "tests.agents:behave", "--concurrency", str(concurrency),
