@@ -7,6 +7,7 @@ import click
 from agl_stream import __version__
 from agl_stream.cli import (
     db,
+    demo,
     dlq,
     enqueue,
     query,
@@ -15,6 +16,7 @@ from agl_stream.cli import (
     stack,
     status,
     topics,
+    train,
     worker,
 )
 from agl_stream.cli.common import AppContext
@@ -52,6 +54,7 @@ def cli(
     ctx.obj = AppContext(bootstrap_servers, topic_prefix, database_url)
 
 
+cli.add_command(demo.demo)
 cli.add_command(stack.up)
 cli.add_command(stack.down)
 cli.add_command(status.status)
@@ -63,6 +66,8 @@ cli.add_command(enqueue.enqueue_command)
 cli.add_command(worker.worker)
 cli.add_command(query.query)
 cli.add_command(replay.replay_command)
+cli.add_command(train.retrain_command)
+cli.add_command(train.checkpoints_command)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,20 @@ def up(
     console.print(f"(or `source {Path(state.home) / 'env'}`)", highlight=False)
 
 
+def bring_up(app: AppContext, home: Path | None) -> tuple[EmbeddedStack, bool]:
+    """Start the embedded stack unless it runs; topics and schema applied either way.
+    Returns the stack and whether this call started it."""
+    stack = _stack(home, None, None)
+    was_running = stack.running() is not None
+    state = stack.up()
+    kafka = load(
+        KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=app.topic_prefix
+    )
+    run(apply_topics(kafka))
+    run(migrate(load(DatabaseSettings, database_url=state.database_url)))
+    return stack, not was_running
+
+
 @click.command()
 @home_option
 @friendly_errors

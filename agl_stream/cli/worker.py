@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 import click
 
 from agl_stream.agent.api import load_agent
 from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
 from agl_stream.config import current_role
 from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.runner.worker import Runner, RunnerConfig
@@ -66,6 +68,7 @@ ROLES = ("runner", "projector", "trainer")
     help="How soon the group notices a runner died.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
+@trainer_options
 @click.pass_obj
 @friendly_errors
 def worker(
@@ -80,6 +83,7 @@ def worker(
     heartbeat: float,
     session_timeout_ms: int,
     verbose: bool,
+    **trainer: Any,
 ) -> None:
     """Run a worker.
 
@@ -89,10 +93,14 @@ def worker(
 
     A projector writes every event topic into the PostgreSQL read model that `agl-stream
     query` reads, exactly once in effect; run several to share the partitions.
+
+    A trainer (one per run) turns finished train-mode attempts into updates of a policy,
+    writes a checkpoint per step to --checkpoint-dir and publishes it as a resources version;
+    killed and restarted, it goes on from its latest checkpoint.
     """
     if role is None:
         raise click.UsageError(
-            "say which worker to run: --role runner|projector (or set AGL_CURRENT_ROLE)"
+            "say which worker to run: --role runner|projector|trainer (or set AGL_CURRENT_ROLE)"
         )
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -110,8 +118,15 @@ def worker(
         asyncio.run(_run_until_signal(projector))
         console.print(f"projector {config.worker_id} stopped: {dict(projector.counts)}")
         return
-    if role != "runner":
-        raise click.UsageError(f"the {role} role is not part of this release yet")
+    if role == "trainer":
+        config = trainer_config(**trainer)
+        if worker_id:
+            config.worker_id = worker_id
+        if group:
+            config.group_id = group
+        config.heartbeat_seconds = heartbeat
+        run_trainer(app, config)
+        return
     if agent_spec is None:
         raise click.UsageError("a runner needs --agent MODULE:ATTR, the agent to run")
     try:

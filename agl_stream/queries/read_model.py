@@ -118,6 +118,11 @@ class ReadModel:
             cursor = encode_cursor(f.sort, f.descending, rows[-1]["_sort"], rows[-1]["rollout_id"])
         return Page[Rollout](items=[_rollout(r) for r in rows], next_cursor=cursor)
 
+    async def status_counts(self) -> dict[str, int]:
+        """How many rollouts are in each status."""
+        rows = await self._all(select(_R.status, func.count().label("count")).group_by(_R.status))
+        return {row["status"]: row["count"] for row in rows}
+
     async def rollout(self, rollout_id: str, wait_for: Offsets | None = None) -> Rollout:
         if wait_for:
             await self.wait_for_offsets(wait_for)

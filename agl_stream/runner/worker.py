@@ -74,6 +74,8 @@ class RunnerConfig:
     shutdown_grace_seconds: float = 30.0
     session_timeout_ms: int = 10_000
     commit_seconds: float = 0.5
+    # How long an attempt waits for a pinned resources version the runner has not seen yet.
+    pin_wait_seconds: float = 10.0
     # Batching: every produce request is a write on the broker's storage; a short linger
     # collects the spans and lifecycle events of many concurrent attempts into one.
     linger_ms: int = 10
@@ -257,7 +259,10 @@ class Runner:
         try:
             version = self.resources.resolve(task.resources_id)
         except KeyError:
-            version = None
+            assert task.resources_id is not None
+            version = await self.resources.wait_for(
+                task.resources_id, self.config.pin_wait_seconds
+            )
         rollout = Rollout(
             rollout_id=task.rollout_id,
             attempt_id=attempt_id,

@@ -1,0 +1,96 @@
+"""`agl-stream demo`: the main job on the embedded stack, from nothing to a reward curve."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.stack import bring_up, home_option
+from agl_stream.config import DatabaseSettings
+
+
+@click.command("demo")
+@home_option
+@click.option("--steps", type=click.IntRange(2), default=30, show_default=True)
+@click.option("--runners", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".agl-stream/demo"),
+    show_default=True,
+    help="Where checkpoints, worker logs and the reward curve go.",
+)
+@click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running afterwards.")
+@click.pass_obj
+@friendly_errors
+def demo(
+    app: AppContext,
+    home: Path | None,
+    steps: int,
+    runners: int,
+    seed: int,
+    out_dir: Path,
+    keep_stack: bool,
+) -> None:
+    """Train a tiny model from scratch on a small agent task, on this machine's CPU.
+
+    Starts the embedded stack (if it is not running), a trainer, a projector and runners as
+    separate processes; every policy version the trainer publishes gets a step of tasks
+    pinned to it. Shows the mean reward of each step, prints a summary and writes the reward
+    curve as a PNG.
+    """
+    from agl_stream.demo.curve import plot_rewards, summary_rows
+    from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+
+    started = time.monotonic()
+    with console.status("starting the embedded stack..."):
+        stack, started_stack = bring_up(app, home)
+    kafka, database = app.kafka(), app.database()
+    config = DemoConfig(steps=steps, runners=runners, seed=seed, out_dir=out_dir)
+    console.print(
+        f"demo {config.run_name}: {runners} runners, a projector and a trainer; "
+        f"{steps} steps of {config.groups_per_step} tasks x {config.group_size} attempts",
+        highlight=False,
+    )
+    progress = Progress(
+        TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("mean reward {task.fields[reward]}"), TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+    try:
+        with progress:
+            bar = progress.add_task("steps", total=steps, reward="-")
+
+            def on_step(point: StepPoint) -> None:
+                progress.update(bar, completed=point.step, reward=f"{point.mean_reward:.3f}")
+
+            points = run_demo(config, kafka, database, on_step)
+        rollouts = asyncio.run(_rollout_counts(database))
+    finally:
+        if started_stack and not keep_stack:
+            with console.status("stopping the embedded stack..."):
+                stack.down()
+    png = plot_rewards(points, config.out_dir / config.run_name / "reward-curve.png", config)
+    table = Table(title=f"demo {config.run_name}", show_header=False, title_justify="left")
+    for name, value in summary_rows(points):
+        table.add_row(name, value)
+    table.add_row("rollouts (read model)", rollouts)
+    table.add_row("checkpoints", str(config.checkpoint_dir))
+    table.add_row("reward curve", str(png))
+    table.add_row("wall time", f"{time.monotonic() - started:.0f} s")
+    console.print(table)
+
+
+async def _rollout_counts(database: DatabaseSettings) -> str:
+    from agl_stream.queries import ReadModel
+
+    async with ReadModel.open(database) as model:
+        counts = await model.status_counts()
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"

@@ -1,0 +1,212 @@
+"""The trainer's options (shared by `worker --role trainer` and `retrain`), `retrain` and
+`checkpoints`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.table import Table
+
+from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.times import TIME
+from agl_stream.topic_spec import load_topic_specs
+
+ALGORITHMS = ("grpo",)
+_OFFSET = re.compile(r"^([\w.-]+):(\d+)=(\d+)$")
+
+
+def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that configure a trainer, added to a click command."""
+    options = [
+        click.option("--algorithm", type=click.Choice(ALGORITHMS), default="grpo",
+                     show_default=True, help="The training algorithm (trainer)."),
+        click.option("--checkpoint-dir", metavar="PATH|file://URI",
+                     help="Where the trainer writes checkpoints and resumes from."),
+        click.option("--init-model", default="tiny", show_default=True,
+                     help="The policy of a fresh run: 'tiny' (random, CPU) or a checkpoint path."),
+        click.option("--run-name", default="grpo", show_default=True,
+                     help="Prefix of the resources ids the trainer publishes."),
+        click.option("--group-size", type=click.IntRange(1), default=8, show_default=True,
+                     help="Attempts of one task that make a GRPO group."),
+        click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
+                     help="Full groups in one update."),
+        click.option("--reward-rule", type=click.Choice(["final", "per_call", "discounted"]),
+                     default="final", show_default=True,
+                     help="How an attempt's rewards become each LLM call's reward."),
+        click.option("--max-staleness", type=click.IntRange(0), default=None,
+                     help="Most resource versions a sample's policy may be behind. [default: no bound]"),
+        click.option("--stale-policy", type=click.Choice(["drop", "downweight"]), default="drop",
+                     show_default=True, help="What happens to samples past --max-staleness."),
+        click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=3e-3,
+                     show_default=True),
+        click.option("--epochs", type=click.IntRange(1), default=2, show_default=True,
+                     help="Passes over each batch."),
+        click.option("--max-steps", type=click.IntRange(1), default=None,
+                     help="Stop after this many steps (counting those of resumed checkpoints)."),
+        click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest",
+                     show_default=True,
+                     help="Where a fresh run starts reading (a resumed one goes on from its checkpoint)."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
+    """TrainerConfig from the options (imports torch: only when a trainer runs)."""
+    from agl_stream.training.batching import StalePolicy, Staleness
+    from agl_stream.training.grpo import GRPOConfig
+    from agl_stream.training.trainer import TrainerConfig
+    from agl_stream.training.triplets import RewardRule
+
+    if not checkpoint_dir:
+        raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
+    try:
+        staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
+        grpo = GRPOConfig(
+            learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"]
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return TrainerConfig(
+        checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
+        run_name=options["run_name"], group_size=options["group_size"],
+        groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
+        staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
+        start_latest=options["start"] == "latest",
+    )  # fmt: skip
+
+
+def run_trainer(app: AppContext, config: Any) -> None:
+    from agl_stream.training.trainer import Trainer
+
+    def show(report: Any) -> None:
+        console.print(
+            f"step {report.step}: mean reward {report.mean_reward:.3f}, "
+            f"{report.counts.get('samples', 0)} samples, published {report.resources_id}",
+            highlight=False,
+        )
+
+    trainer = Trainer(app.kafka(), config, on_step=show)
+    console.print(f"trainer {config.worker_id}: checkpoints in {trainer.store.root}", highlight=False)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await trainer.run(stop)
+
+    asyncio.run(main())
+    console.print(f"trainer stopped at step {trainer.step}: {dict(trainer.counts)}", highlight=False)
+
+
+def _offsets(values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
+    specs = load_topic_specs()
+    out: dict[tuple[str, int], int] = {}
+    for value in values:
+        match = _OFFSET.match(value)
+        if not match:
+            raise click.BadParameter(
+                f"{value!r}: write TOPIC:PARTITION=OFFSET, for example spans:3=1200",
+                param_hint=flag,
+            )
+        topic, partition, offset = match.group(1), int(match.group(2)), int(match.group(3))
+        if topic not in ("tasks", "rollouts", "spans"):
+            raise click.BadParameter(
+                f"{topic!r}: a trainer reads tasks, rollouts and spans", param_hint=flag
+            )
+        if partition >= specs[topic].partitions:
+            raise click.BadParameter(
+                f"{topic} has partitions 0-{specs[topic].partitions - 1}, not {partition}",
+                param_hint=flag,
+            )
+        out[(topic, partition)] = offset
+    return out
+
+
+@click.command("retrain")
+@trainer_options
+@click.option("--from-offset", multiple=True, metavar="TOPIC:PARTITION=OFFSET",
+              help="Start that partition here (default: its beginning). Repeatable.")
+@click.option("--until-offset", multiple=True, metavar="TOPIC:PARTITION=OFFSET",
+              help="Stop that partition before this offset (default: its end now). Repeatable.")
+@click.option("--from-time", type=TIME, help="Start at records written at or after this time.")
+@click.option("--until-time", type=TIME, help="Stop at records written after this time.")
+@click.pass_obj
+@friendly_errors
+def retrain_command(
+    app: AppContext,
+    from_offset: tuple[str, ...],
+    until_offset: tuple[str, ...],
+    from_time: datetime | None,
+    until_time: datetime | None,
+    **options: Any,
+) -> None:
+    """Train a fresh policy offline on a range of the topics.
+
+    Replays the tasks, rollouts and spans topics from --from-offset/--from-time to
+    --until-offset/--until-time (default: everything there now) into a new trainer that
+    writes checkpoints to --checkpoint-dir and publishes nothing.
+    """
+    from agl_stream.training.retrain import resolve_range
+
+    from agl_stream.training.checkpoints import CheckpointStore
+
+    config = trainer_config(**options)
+    if CheckpointStore(config.checkpoint_dir).steps():
+        raise click.UsageError(
+            f"{options['checkpoint_dir']} already holds checkpoints: retrain into a new directory"
+        )
+    starts = _offsets(from_offset, "--from-offset")
+    ends = _offsets(until_offset, "--until-offset")
+    start, until = asyncio.run(resolve_range(app.kafka(), starts, ends, from_time, until_time))
+    config.publish = False
+    config.start = start
+    config.until = until
+    run_trainer(app, config)
+
+
+@click.command("checkpoints")
+@click.option("--checkpoint-dir", required=True, metavar="PATH|file://URI")
+@click.option("--json", "as_json", is_flag=True, help="Print trainer.json of every step.")
+@friendly_errors
+def checkpoints_command(checkpoint_dir: str, as_json: bool) -> None:
+    """A trainer's checkpoints: step, version, reward, samples and the offsets each consumed;
+    says whether every consumed offset range was trained on exactly once."""
+    import json
+
+    from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+
+    store = CheckpointStore(checkpoint_dir)
+    states = store.lineage()
+    if not states:
+        raise click.UsageError(f"no checkpoints in {store.root}")
+    if as_json:
+        click.echo(json.dumps(states, indent=1))
+        return
+    table = Table(title=f"checkpoints in {store.root}", title_justify="left")
+    for column in ("step", "version", "resources id", "mean reward", "samples", "records consumed"):
+        table.add_column(column, justify="left" if column == "resources id" else "right")
+    for state in states:
+        consumed = sum(end - start for start, end in state.get("consumed", {}).values())
+        reward = state.get("mean_reward")
+        table.add_row(
+            str(state["step"]), str(state["version"]), state["resources_id"],
+            "-" if reward is None else f"{reward:.3f}",
+            str(state.get("counts", {}).get("samples", 0)), str(consumed),
+        )  # fmt: skip
+    console.print(table)
+    problems = lineage_problems(states)
+    if problems:
+        for problem in problems:
+            console.print(f"[red]lineage:[/] {problem}")
+        raise SystemExit(1)
+    console.print("lineage: every consumed offset range once, no attempt trained on twice")

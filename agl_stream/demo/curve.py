@@ -1,0 +1,55 @@
+"""The demo's reward curve (PNG) and summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agl_stream.demo.run import StepPoint
+
+
+def tenths(points: Sequence[StepPoint]) -> tuple[float, float]:
+    """Mean reward of the first and of the last tenth of the steps (at least one step each)."""
+    if not points:
+        raise ValueError("no steps to summarise")
+    n = max(1, len(points) // 10)
+    first = sum(p.mean_reward for p in points[:n]) / n
+    last = sum(p.mean_reward for p in points[-n:]) / n
+    return first, last
+
+
+def summary_rows(points: Sequence[StepPoint]) -> list[tuple[str, str]]:
+    first, last = tenths(points)
+    ratio = f"{last / first:.2f}x" if first > 0 else "n/a"
+    return [
+        ("steps", str(len(points))),
+        ("samples", f"{sum(p.samples for p in points):,}"),
+        ("mean reward, first tenth", f"{first:.3f}"),
+        ("mean reward, last tenth", f"{last:.3f}"),
+        ("last / first", ratio),
+    ]
+
+
+def plot_rewards(points: Sequence[StepPoint], path: Path, config: Any) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    steps = [p.step for p in points]
+    rewards = [p.mean_reward for p in points]
+    axes.plot(steps, rewards, marker="o", markersize=3, linewidth=1.5, label="mean reward")
+    axes.axhline(0.2, color="grey", linestyle=":", linewidth=1, label="random policy (0.2)")
+    axes.set_xlabel("step (policy version trained)")
+    axes.set_ylabel("mean reward of the step's attempts")
+    axes.set_ylim(0, 1.05)
+    axes.set_title(f"agl-stream demo {config.run_name}: GRPO on a tiny model, CPU")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,182 @@
+"""The demo's driver: runners, a projector and a trainer as separate processes on the
+embedded stack; each time the trainer publishes a policy version, one step of tasks pinned to
+it is enqueued (on-policy GRPO), until the last step."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
+from agl_stream.demo.task import tasks
+from agl_stream.enqueue import RolloutOptions, make_rollout
+from agl_stream.events import ResourcesPublished, RolloutMode
+from agl_stream.kafka import consumer, end_offsets, producer
+from agl_stream.streams import EventPublisher, EventStream, Topics
+
+AGENT = "agl_stream.demo.task:echo_letter"
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    steps: int = 30
+    groups_per_step: int = 8
+    group_size: int = 8
+    runners: int = 2
+    concurrency: int = 8
+    seed: int = 0
+    learning_rate: float = 3e-3
+    out_dir: Path = Path(".agl-stream/demo")
+    run_name: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:8]}")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / self.run_name / "checkpoints"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out_dir / self.run_name / "logs"
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    step: int
+    mean_reward: float
+    samples: int
+
+
+def _worker_command(role: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", role, *extra]
+
+
+@contextmanager
+def workers(
+    config: DemoConfig, kafka: KafkaSettings, database: DatabaseSettings
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The demo's processes, stopped (SIGTERM, then kill) on the way out."""
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    env = child_environment(kafka, database)
+    commands = {
+        "trainer": _worker_command(
+            "trainer", "--checkpoint-dir", str(config.checkpoint_dir.resolve()),
+            "--run-name", config.run_name, "--group-size", str(config.group_size),
+            "--groups-per-step", str(config.groups_per_step), "--max-staleness", "0",
+            "--learning-rate", str(config.learning_rate), "--seed", str(config.seed),
+            "--start", "latest", "--heartbeat", "2",
+        ),
+        "projector": _worker_command("projector", "--heartbeat", "2"),
+        **{
+            f"runner-{i}": _worker_command(
+                "runner", "--agent", AGENT, "--concurrency", str(config.concurrency),
+                "--heartbeat", "2", "--grace", "5",
+            )
+            for i in range(config.runners)
+        },
+    }  # fmt: skip
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, command in commands.items():
+            log = (config.log_dir / f"{name}.log").open("wb")
+            processes.append(
+                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            )
+        yield processes
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def drive(
+    kafka: KafkaSettings,
+    config: DemoConfig,
+    alive: Callable[[], str | None],
+    on_step: Callable[[StepPoint], None],
+) -> list[StepPoint]:
+    """Follow the trainer's versions; enqueue a step of tasks pinned to each; return the
+    mean reward of every step. `alive()` names a worker that died, to stop early."""
+    topics = Topics(kafka)
+    tps = [
+        TopicPartition(topics.name("resources"), p)
+        for p in range(topics.specs["resources"].partitions)
+    ]
+    rng = random.Random(config.seed)
+    points: list[StepPoint] = []
+    enqueued: set[int] = set()
+    ends = await end_offsets(kafka, tps)
+    async with consumer(kafka) as follower:
+        follower.assign(tps)
+        for tp in tps:
+            follower.seek(tp, ends[tp])
+        stream = EventStream(follower, None, topics, "demo")
+        while len(points) < config.steps:
+            died = alive()
+            if died is not None:
+                raise RuntimeError(f"the {died} process stopped; see {config.log_dir}")
+            for item in await stream.next_batch(timeout_ms=500):
+                event = item.event
+                if not isinstance(event, ResourcesPublished):
+                    continue
+                if not event.resources_id.startswith(f"{config.run_name}-"):
+                    continue
+                step = int(event.metadata.get("step", "0"))
+                if step > len(points) and "mean_reward" in event.metadata:
+                    point = StepPoint(
+                        step, float(event.metadata["mean_reward"]),
+                        int(event.metadata.get("samples", "0")),
+                    )  # fmt: skip
+                    points.append(point)
+                    on_step(point)
+                if step < config.steps and step not in enqueued:
+                    enqueued.add(step)
+                    await _enqueue_step(kafka, config, rng, step, event.resources_id)
+    return points
+
+
+async def _enqueue_step(
+    kafka: KafkaSettings, config: DemoConfig, rng: random.Random, step: int, resources_id: str
+) -> None:
+    """groups_per_step tasks, each queued group_size times: one GRPO group per task."""
+    async with producer(kafka, linger_ms=5) as prod:
+        publisher = EventPublisher(prod, Topics(kafka))
+        sent = []
+        for group, task in enumerate(tasks(rng, config.groups_per_step)):
+            options = RolloutOptions(
+                mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=60.0,
+                max_attempts=2, metadata={"group": f"{config.run_name}-s{step}-g{group}"},
+            )  # fmt: skip
+            for _ in range(config.group_size):
+                sent.append(await publisher.send("tasks", make_rollout(task, options)))
+        await asyncio.gather(*sent)
+
+
+def run_demo(
+    config: DemoConfig,
+    kafka: KafkaSettings,
+    database: DatabaseSettings,
+    on_step: Callable[[StepPoint], None],
+) -> list[StepPoint]:
+    with workers(config, kafka, database) as processes:
+        names = ["trainer", "projector", *[f"runner-{i}" for i in range(config.runners)]]
+
+        def alive() -> str | None:
+            for name, process in zip(names, processes, strict=True):
+                if process.poll() is not None:
+                    return name
+            return None
+
+        return asyncio.run(drive(kafka, config, alive, on_step))

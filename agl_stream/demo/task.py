@@ -1,0 +1,38 @@
+"""The demo's task: echo a letter. The agent is shown one of five letters and must answer
+with four words; each word that is the letter scores 1, any other letter 0.2, anything else
+0. A random policy scores about 0.2 (so GRPO has signal from the first step); a policy
+that learned the task scores 1."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from agl_stream.agent import Rollout, rollout
+from agl_stream.events import Checkpoint
+from agl_stream.training.local_llm import local_llm
+from agl_stream.training.model import set_threads
+
+LETTERS = ("a", "b", "c", "d", "e")
+ANSWER_WORDS = 4
+
+
+def score(letter: str, answer: str) -> float:
+    """Mean over the first ANSWER_WORDS words of the answer (missing words score 0)."""
+    words = answer.split()[:ANSWER_WORDS]
+    points = [1.0 if w == letter else 0.2 if w in LETTERS else 0.0 for w in words]
+    return sum(points) / ANSWER_WORDS
+
+
+def tasks(rng: random.Random, count: int) -> list[dict[str, Any]]:
+    return [{"letter": rng.choice(LETTERS)} for _ in range(count)]
+
+
+@rollout
+def echo_letter(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> float:
+    set_threads(1)  # several rollouts share two cores: one torch thread each
+    llm = local_llm(policy)
+    answer = llm.complete(
+        f"<bos> {task['letter']}", max_new_tokens=ANSWER_WORDS, resources_id=rollout.resources_id
+    )
+    return score(task["letter"], answer.text)

@@ -1,0 +1,125 @@
+"""Hugging Face causal LMs as policies: a tiny randomly initialised one for CPUs (tests, the
+demo), any local checkpoint for real runs; saved as safetensors with a content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+TINY = "tiny"
+# The tiny model's words: what the demo's task speaks. Specials first, as tokenizers expect.
+TINY_WORDS = ("<pad>", "<bos>", "<eos>", "<unk>", "a", "b", "c", "d", "e")
+
+
+def quiet_transformers() -> None:
+    """No hub access (nothing outside the machine is reachable) and no progress bars of
+    transformers' own in the middle of ours."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+@dataclass
+class Policy:
+    """A causal LM and its tokenizer."""
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers.PreTrainedTokenizerBase
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.model.config, "_name_or_path", "") or "policy")
+
+
+def tiny_policy(seed: int = 0) -> Policy:
+    """A two-layer Llama over TINY_WORDS, randomly initialised from `seed`."""
+    quiet_transformers()
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate(TINY_WORDS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<bos>"],
+        eos_token_id=vocab["<eos>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.config._name_or_path = TINY
+    return Policy(model, tokenizer)
+
+
+def load_policy(path: str | Path) -> Policy:
+    """A checkpoint directory as save_pretrained wrote it."""
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory} is not a model checkpoint (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    return Policy(model, tokenizer)
+
+
+def initial_policy(spec: str, seed: int) -> Policy:
+    """`tiny` or the path of a local checkpoint."""
+    return tiny_policy(seed) if spec == TINY else load_policy(spec)
+
+
+def save_policy(policy: Policy, directory: Path) -> None:
+    policy.model.save_pretrained(directory, safe_serialization=True)
+    policy.tokenizer.save_pretrained(directory)
+
+
+def content_hash(directory: Path) -> str:
+    """sha256 over the weight files (names and bytes, in name order): what a runner checks
+    before it trusts a checkpoint it was pointed at."""
+    digest = hashlib.sha256()
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{directory} holds no .safetensors weights")
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def set_threads(count: int) -> None:
+    """Torch's intra-op threads: one per process when several share two cores."""
+    import torch
+
+    torch.set_num_threads(max(1, count))
+
+
+def parameters(model: Any) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

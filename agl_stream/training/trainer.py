@@ -1,0 +1,382 @@
+"""`agl-stream worker --role trainer`: finished train-mode attempts in, checkpoints and
+resources versions out.
+
+The trainer reads the co-partitioned tasks, rollouts and spans topics from the offsets saved
+with its latest checkpoint, assembles whole trajectories, and when enough groups are full
+runs one update, writes a checkpoint with the offset range the step consumed, then publishes
+a resources version pointing at it. Killed at any point it resumes from its latest
+checkpoint: records after that checkpoint's cut are read again, and the attempts it already
+trained on (remembered in the checkpoint) are skipped, so no data is repeated or skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agl_stream.config import KafkaSettings
+from agl_stream.events import (
+    Checkpoint,
+    ResourcesPublished,
+    WorkerHeartbeat,
+    WorkerRole,
+    WorkerStatus,
+)
+from agl_stream.kafka import consumer, producer
+from agl_stream.streams import EventPublisher, EventStream, Topics, read_partitions
+from agl_stream.topic_admin import ensure_topics_ready
+from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
+from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore
+from agl_stream.training.grpo import GRPO, GRPOConfig, UpdateStats
+from agl_stream.training.model import (
+    Policy,
+    content_hash,
+    initial_policy,
+    load_policy,
+    quiet_transformers,
+    save_policy,
+    set_threads,
+)
+from agl_stream.training.trajectories import Assembler, TopicPartition as TP
+from agl_stream.training.triplets import RewardRule
+
+log = logging.getLogger(__name__)
+
+TRAINED_TOPICS = ("tasks", "rollouts", "spans")
+POLICY_RESOURCE = "policy"
+MAX_PROBLEMS_KEPT = 20
+
+
+@dataclass
+class TrainerConfig:
+    checkpoint_dir: str
+    init_model: str = "tiny"
+    run_name: str = "grpo"
+    group_size: int = 8
+    groups_per_step: int = 8
+    reward_rule: RewardRule = RewardRule.FINAL
+    staleness: Staleness = field(default_factory=Staleness)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    max_steps: int | None = None
+    publish: bool = True  # False: an offline retrain that publishes nothing
+    start: Mapping[TP, int] | None = None  # where a fresh run starts (default: the beginning)
+    start_latest: bool = False  # a fresh run starts at the end: only attempts from now on
+    until: Mapping[TP, int] | None = None  # stop when every partition reaches these offsets
+    group_id: str | None = None
+    worker_id: str = field(
+        default_factory=lambda: f"trainer-{socket.gethostname()}-{os.getpid()}"
+    )
+    heartbeat_seconds: float = 5.0
+    threads: int = 1
+    patience_records: int = 50_000
+
+
+@dataclass
+class StepReport:
+    step: int
+    version: int
+    resources_id: str
+    mean_reward: float
+    counts: dict[str, int]
+    stats: UpdateStats | None
+    seconds: float
+
+
+def trainer_group(topic_prefix: str) -> str:
+    """The group the trainer commits its cut to (for `status`; its checkpoints are the truth)."""
+    return f"{topic_prefix.rstrip('.')}-trainer"
+
+
+class Trainer:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        config: TrainerConfig,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.config = config
+        self.topics = Topics(kafka)
+        self.store = CheckpointStore(config.checkpoint_dir)
+        self.on_step = on_step
+        self.group_id = config.group_id or trainer_group(kafka.topic_prefix)
+        self.counts: Counter[str] = Counter()
+        self.step = 0
+        self.version = 0
+        self.resources_id = ""
+        self.positions: dict[TP, int] = {}
+        self.cut: dict[TP, int] = {}
+        self.assembler = Assembler(config.patience_records)
+        self.groups = Groups(config.group_size, config.groups_per_step)
+        self.versions: dict[str, int] = {}
+        self._carried: dict[str, Any] = {}
+        self._policy: Policy | None = None
+        self._grpo: GRPO | None = None
+        self._publisher: EventPublisher | None = None
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_topics_ready(self.kafka, (*TRAINED_TOPICS, "resources", "workers", "dlq"))
+        quiet_transformers()
+        set_threads(self.config.threads)
+        await self._read_resources()
+        async with producer(self.kafka) as prod, consumer(self.kafka, group_id=self.group_id) as cons:
+            self._publisher = EventPublisher(prod, self.topics)
+            tps = self._partitions()
+            await self._resume_or_start(cons, tps)
+            await self._publish_current()
+            cons.assign([TopicPartition(self.topics.name(t), p) for t, p in tps])
+            for (topic, partition), offset in self.positions.items():
+                cons.seek(TopicPartition(self.topics.name(topic), partition), offset)
+            stream = EventStream(cons, prod, self.topics, self.config.worker_id)
+            beats = asyncio.create_task(self._heartbeats(stop))
+            try:
+                await self._consume(stream, cons, stop)
+            finally:
+                beats.cancel()
+                await self._heartbeat(WorkerStatus.STOPPED)
+
+    async def _consume(
+        self, stream: EventStream, cons: AIOKafkaConsumer, stop: asyncio.Event
+    ) -> None:
+        short = {self.topics.name(t): t for t in TRAINED_TOPICS}
+        while not stop.is_set() and not self._done():
+            batch = await stream.next_batch(timeout_ms=500, max_records=5000)
+            for item in batch:
+                self.assembler.add((short[item.topic], item.partition), item.offset, item.event)
+            for tp, offset in batch.next_offsets.items():
+                self.positions[(short[tp.topic], tp.partition)] = offset
+            self.counts["records"] += len(batch)
+            self.counts["dead_lettered"] += batch.dead_lettered
+            self.groups.add(self.assembler.complete())
+            while self.groups.ready() and not self._done():
+                await self._train_step(cons)
+
+    def _done(self) -> bool:
+        cfg = self.config
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            return True
+        if cfg.until is not None:
+            return all(self.positions.get(tp, 0) >= end for tp, end in cfg.until.items()) and (
+                not self.groups.ready()
+            )
+        return False
+
+    # -- one step ---------------------------------------------------------------------------
+
+    async def _train_step(self, cons: AIOKafkaConsumer) -> None:
+        assert self._grpo is not None and self._policy is not None
+        started = time.monotonic()
+        step_input = build_step(
+            self.groups.take(),
+            self.versions,
+            self.version,
+            self.config.staleness,
+            self.config.reward_rule,
+            self.config.grpo.scale_rewards,
+        )
+        stats = None
+        if step_input.samples:
+            stats = await asyncio.to_thread(self._grpo.update, step_input.samples)
+        for problem in step_input.problems[:MAX_PROBLEMS_KEPT]:
+            log.warning("left out of step %d: %s", self.step + 1, problem)
+        self.assembler.settle(step_input.used)
+        cut = self.assembler.cut(self.positions)
+        self.assembler.prune(cut)
+        consumed = {tp: (self.cut.get(tp, 0), end) for tp, end in cut.items()}
+        self.step += 1
+        self.version += 1
+        self.resources_id = f"{self.config.run_name}-v{self.version}"
+        state = self._state(cut, consumed, step_input, stats)
+        await asyncio.to_thread(self._write_checkpoint, state)
+        self.cut = cut
+        await self._publish_current()
+        if cut:
+            await cons.commit({
+                TopicPartition(self.topics.name(t), p): o for (t, p), o in cut.items()
+            })  # fmt: skip
+        self.counts["steps"] += 1
+        self.counts["samples"] += len(step_input.samples)
+        self.counts.update({k: v for k, v in step_input.counts.items() if "stale" in k})
+        report = StepReport(
+            self.step, self.version, self.resources_id, step_input.mean_reward,
+            dict(step_input.counts), stats, time.monotonic() - started,
+        )  # fmt: skip
+        log.info("step %d: mean reward %.3f, %s", report.step, report.mean_reward, report.counts)
+        if self.on_step is not None:
+            self.on_step(report)
+
+    def _state(
+        self,
+        cut: Mapping[TP, int],
+        consumed: Mapping[TP, tuple[int, int]],
+        step_input: StepInput | None,
+        stats: UpdateStats | None,
+    ) -> dict[str, Any]:
+        def name(tp: TP) -> str:
+            return f"{tp[0]}:{tp[1]}"
+
+        counts = dict(step_input.counts) if step_input else {}
+        counts.update({f"assembler_{k}": v for k, v in self.assembler.counts.items()})
+        return {
+            "step": self.step,
+            "version": self.version,
+            "resources_id": self.resources_id,
+            "run_name": self.config.run_name,
+            "created_at": time.time(),
+            "cut": {name(tp): offset for tp, offset in sorted(cut.items())},
+            "consumed": {name(tp): list(r) for tp, r in sorted(consumed.items())},
+            "used": [list(k) for k in step_input.used] if step_input else [],
+            "mean_reward": step_input.mean_reward if step_input else None,
+            "rewards": step_input.rewards if step_input else [],
+            "counts": counts,
+            "problems": [str(p) for p in step_input.problems[:MAX_PROBLEMS_KEPT]]
+            if step_input
+            else [],
+            "stats": vars(stats) if stats else None,
+            "assembler": self.assembler.memory(),
+        }
+
+    def _write_checkpoint(self, state: dict[str, Any]) -> None:
+        import torch
+
+        assert self._policy is not None and self._grpo is not None
+        policy, grpo = self._policy, self._grpo
+
+        def fill(directory: Path) -> None:
+            save_policy(policy, directory)
+            torch.save(grpo.state_dict(), directory / OPTIMIZER_FILE)
+
+        self.store.write(self.step, fill, state)
+
+    # -- start and resume ---------------------------------------------------------------------
+
+    def _partitions(self) -> list[TP]:
+        return [(t, p) for t in TRAINED_TOPICS for p in range(self.topics.specs[t].partitions)]
+
+    async def _resume_or_start(self, cons: AIOKafkaConsumer, tps: list[TP]) -> None:
+        self.store.clean_partial()
+        latest = self.store.latest()
+        if latest is not None:
+            await asyncio.to_thread(self._resume, latest)
+            return
+        firsts = await cons.beginning_offsets(
+            [TopicPartition(self.topics.name(t), p) for t, p in tps]
+        )
+        if self.config.start_latest:
+            firsts = await cons.end_offsets(list(firsts))
+        begin = {(t, p): firsts[TopicPartition(self.topics.name(t), p)] for t, p in tps}
+        self.cut = {tp: max(begin[tp], (self.config.start or {}).get(tp, 0)) for tp in tps}
+        self.positions = dict(self.cut)
+        self.version = max(self.versions.values(), default=-1) + 1
+        self.resources_id = f"{self.config.run_name}-v{self.version}"
+        self._policy = await asyncio.to_thread(
+            initial_policy, self.config.init_model, self.config.grpo.seed
+        )
+        self._grpo = GRPO(self._policy.model, self._pad_id(), self.config.grpo)
+        await asyncio.to_thread(self._write_checkpoint, self._state(self.cut, {}, None, None))
+
+    def _resume(self, directory: Path) -> None:
+        import torch
+
+        step = int(directory.name.split("-")[1])
+        state = self.store.state(step)
+        self.step, self.version = state["step"], state["version"]
+        self.resources_id = state["resources_id"]
+        self.cut = {_tp(name): offset for name, offset in state["cut"].items()}
+        self.positions = dict(self.cut)
+        self.assembler = Assembler.resume(state["assembler"], self.config.patience_records)
+        self._policy = load_policy(directory)
+        self._grpo = GRPO(self._policy.model, self._pad_id(), self.config.grpo)
+        self._grpo.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=False))
+        log.info("resumed from %s (step %d, version %d)", directory, self.step, self.version)
+
+    def _pad_id(self) -> int:
+        assert self._policy is not None
+        pad = self._policy.tokenizer.pad_token_id
+        return int(pad if pad is not None else self._policy.tokenizer.eos_token_id or 0)
+
+    # -- resources ----------------------------------------------------------------------------
+
+    async def _read_resources(self) -> None:
+        tps = [
+            TopicPartition(self.topics.name("resources"), p)
+            for p in range(self.topics.specs["resources"].partitions)
+        ]
+        latest: ResourcesPublished | None = None
+        for event in await read_partitions(self.kafka, tps):
+            if isinstance(event, ResourcesPublished):
+                self.versions[event.resources_id] = event.version
+                if latest is None or event.version >= latest.version:
+                    latest = event
+        if latest is not None:
+            # Resources the trainer does not own (a prompt template, an endpoint) go along.
+            self._carried = {k: v for k, v in latest.resources.items() if k != POLICY_RESOURCE}
+
+    async def _publish_current(self) -> None:
+        """Publish the latest checkpoint's version (again, after a restart: same id, same
+        content, so a consumer folding the compacted topic sees no change)."""
+        self.versions[self.resources_id] = self.version
+        if not self.config.publish or self._publisher is None:
+            return
+        directory = self.store.step_dir(self.step)
+        state = self.store.state(self.step)
+        checkpoint = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+        metadata = {"step": str(self.step), "run_name": self.config.run_name}
+        if state.get("mean_reward") is not None:
+            metadata["mean_reward"] = f"{state['mean_reward']:.6f}"
+        for key in ("samples", "trajectories", "dropped_stale", "downweighted_stale"):
+            if key in state["counts"]:
+                metadata[key] = str(state["counts"][key])
+        previous = f"{self.config.run_name}-v{self.version - 1}" if self.step > 0 else None
+        await self._publisher.publish(
+            "resources",
+            ResourcesPublished(
+                resources_id=self.resources_id, version=self.version,
+                resources={**self._carried, POLICY_RESOURCE: checkpoint},
+                published_by=self.config.worker_id, parent_resources_id=previous,
+                metadata=metadata,
+            ),
+        )  # fmt: skip
+
+    # -- heartbeats ---------------------------------------------------------------------------
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._heartbeat(WorkerStatus.BUSY)
+            try:
+                await asyncio.wait_for(stop.wait(), self.config.heartbeat_seconds)
+            except TimeoutError:
+                pass
+
+    async def _heartbeat(self, status: WorkerStatus) -> None:
+        if self._publisher is None:
+            return
+        counts = dict(self.counts)
+        counts["step"] = self.step
+        counts["waiting_trajectories"] = self.groups.waiting()
+        counts["pending_rollouts"] = len(self.assembler.pending)
+        await self._publisher.publish(
+            "workers",
+            WorkerHeartbeat(
+                worker_id=self.config.worker_id, role=WorkerRole.TRAINER, status=status,
+                hostname=socket.gethostname(), pid=os.getpid(), counts=counts,
+                interval_seconds=self.config.heartbeat_seconds,
+            ),
+        )  # fmt: skip
+
+
+def _tp(name: str) -> TP:
+    topic, _, partition = name.rpartition(":")
+    return (topic, int(partition))

@@ -1,0 +1,179 @@
+"""Adapters from a trajectory's spans to training data (pure code).
+
+Triplets: one (prompt token ids, response token ids, reward) per LLM call, in call order.
+The reward of each call is set by a rule:
+
+- `final` (default): every call gets the attempt's final reward (the reward on its
+  AttemptFinished, else its last `agl.reward` span).
+- `per_call`: each `agl.reward` span belongs to the LLM call that ended last before it; a
+  call's reward is the sum of its rewards, 0.0 when it has none. An agent that only emits a
+  final reward so rewards its last call alone.
+- `discounted`: the final reward times gamma ** (calls after this one), so later calls, closer
+  to the outcome, get more of it.
+
+A call whose span lacks prompt or response token ids cannot be trained on: it is reported
+as a problem (rollout, attempt, span) and left out, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from agl_stream.agent.llm import (
+    COMPLETION,
+    LLM_CALL_SPAN,
+    PROMPT_JSON,
+    PROMPT_TOKEN_IDS,
+    RESPONSE_LOGPROBS,
+    RESPONSE_TOKEN_IDS,
+)
+from agl_stream.events import SpanRecorded
+from agl_stream.training.trajectories import REWARD_SPAN, Trajectory
+
+
+class RewardRule(StrEnum):
+    FINAL = "final"
+    PER_CALL = "per_call"
+    DISCOUNTED = "discounted"
+
+
+@dataclass(frozen=True)
+class Triplet:
+    rollout_id: str
+    attempt_id: str
+    call_index: int
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    reward: float
+    logprobs: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something in a trajectory that kept data out of training."""
+
+    rollout_id: str
+    attempt_id: str
+    span_id: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"rollout {self.rollout_id} attempt {self.attempt_id}"
+        return f"{where} span {self.span_id}: {self.reason}" if self.span_id else f"{where}: {self.reason}"
+
+
+@dataclass
+class Adapted:
+    triplets: list[Triplet] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def llm_calls(trajectory: Trajectory) -> list[SpanRecorded]:
+    """The LLM-call spans in the order the calls ended (then by sequence)."""
+    calls = [s for s in trajectory.spans if s.name == LLM_CALL_SPAN]
+    return sorted(calls, key=lambda s: (s.end_time_unix_nano, s.sequence))
+
+
+def _ints(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(value)
+
+
+def _floats(value: Any, length: int) -> tuple[float, ...] | None:
+    if not isinstance(value, list) or len(value) != length:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(float(v) for v in value)
+
+
+def _call_rewards(
+    trajectory: Trajectory, calls: Sequence[SpanRecorded], rule: RewardRule, gamma: float
+) -> list[float]:
+    final = trajectory.reward or 0.0
+    if rule is RewardRule.FINAL:
+        return [final] * len(calls)
+    if rule is RewardRule.DISCOUNTED:
+        return [final * gamma ** (len(calls) - 1 - i) for i in range(len(calls))]
+    rewards = [0.0] * len(calls)
+    for span in trajectory.spans:
+        value = span.attributes.get(REWARD_SPAN) if span.name == REWARD_SPAN else None
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        before = [i for i, c in enumerate(calls) if c.end_time_unix_nano <= span.start_time_unix_nano]
+        if before:
+            rewards[before[-1]] += float(value)
+    return rewards
+
+
+def build_triplets(
+    trajectory: Trajectory, rule: RewardRule = RewardRule.FINAL, gamma: float = 0.9
+) -> Adapted:
+    adapted = Adapted()
+    rid, aid = trajectory.rollout_id, trajectory.attempt_id
+    calls = llm_calls(trajectory)
+    if not calls:
+        adapted.problems.append(Problem(rid, aid, None, "no LLM call spans"))
+        return adapted
+    if trajectory.reward is None and rule is not RewardRule.PER_CALL:
+        adapted.problems.append(Problem(rid, aid, None, "no reward (no agl.reward span)"))
+        return adapted
+    rewards = _call_rewards(trajectory, calls, rule, gamma)
+    for index, (span, reward) in enumerate(zip(calls, rewards, strict=True)):
+        prompt = _ints(span.attributes.get(PROMPT_TOKEN_IDS))
+        response = _ints(span.attributes.get(RESPONSE_TOKEN_IDS))
+        missing = [
+            name for name, ids in (("prompt", prompt), ("response", response)) if ids is None
+        ]
+        if missing or prompt is None or response is None:
+            reason = f"LLM call {index} has no {' or '.join(missing)} token ids"
+            adapted.problems.append(Problem(rid, aid, span.span_id, reason))
+            continue
+        logprobs = _floats(span.attributes.get(RESPONSE_LOGPROBS), len(response))
+        adapted.triplets.append(Triplet(rid, aid, index, prompt, response, reward, logprobs))
+    return adapted
+
+
+# -- messages: chat transcripts with rewards --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transcript:
+    rollout_id: str
+    attempt_id: str
+    messages: tuple[dict[str, str], ...]
+    reward: float | None
+
+
+def build_transcript(trajectory: Trajectory) -> Transcript:
+    """The conversation as the agent had it: the last call's messages (or each call's
+    prompt text) followed by the model's answers, with the attempt's final reward."""
+    messages: list[dict[str, str]] = []
+    for span in llm_calls(trajectory):
+        prompt = json.loads(str(span.attributes.get(PROMPT_JSON) or "{}"))
+        sent = prompt.get("messages")
+        if isinstance(sent, list):
+            # Each call sends the conversation so far: the latest one is the whole of it.
+            messages = [{str(k): str(v) for k, v in m.items()} for m in sent]
+        elif prompt.get("text"):
+            messages.append({"role": "user", "content": str(prompt["text"])})
+        messages.append({"role": "assistant", "content": str(span.attributes.get(COMPLETION) or "")})
+    return Transcript(trajectory.rollout_id, trajectory.attempt_id, tuple(messages), trajectory.reward)
+
+
+def finetune_jsonl(transcripts: Sequence[Transcript], min_reward: float | None = None) -> str:
+    """OpenAI fine-tuning JSONL: one {"messages": [...]} line per transcript, keeping those
+    whose reward reaches `min_reward` (rejection sampling) when it is given."""
+    lines = []
+    for t in transcripts:
+        if min_reward is not None and (t.reward is None or t.reward < min_reward):
+            continue
+        lines.append(json.dumps({"messages": list(t.messages), "reward": t.reward}, sort_keys=True))
+    return "".join(line + "\n" for line in lines)
