@@ -109,7 +109,12 @@ class Assembler:
         if rollout_id in self.settled_rollouts:
             _seen(self.settled_rollouts[rollout_id], tp, offset)
             return
-        attempt_id = getattr(event, "attempt_id", None)
+        # Records of one attempt; RolloutFinished names an attempt too but is the rollout's.
+        attempt_id = (
+            getattr(event, "attempt_id", None)
+            if isinstance(event, SpanRecorded | AttemptStarted | AttemptFinished)
+            else None
+        )
         if attempt_id is not None and (rollout_id, attempt_id) in self.settled_attempts:
             _seen(self.settled_attempts[(rollout_id, attempt_id)], tp, offset)
             return

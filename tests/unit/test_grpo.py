@@ -1,0 +1,83 @@
+"""The sampler, the scorer and the GRPO update on the tiny model, on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl_stream.training.batching import TrainSample
+from agl_stream.training.grpo import GRPO, GRPOConfig, clipped_loss
+from agl_stream.training.model import content_hash, load_policy, save_policy, tiny_policy
+from agl_stream.training.sampling import sample, token_batch, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def policy():  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    return tiny_policy(seed=0)
+
+
+def test_recorded_logprobs_are_what_the_trainer_recomputes(policy) -> None:  # type: ignore[no-untyped-def]
+    policy.model.eval()
+    prompt = [1, 6]
+    completion = sample(policy.model, prompt, 4, generator=torch.Generator().manual_seed(3))
+    batch = token_batch([prompt], [completion.token_ids], pad_id=0)
+    with torch.no_grad():
+        logp = token_logprobs(policy.model, batch)
+    recomputed = logp[0][batch.response_mask[0].bool()].tolist()
+    assert recomputed == pytest.approx(completion.logprobs, abs=1e-4)
+
+
+def test_clipped_loss_stops_pushing_past_the_clip() -> None:
+    mask = torch.ones(1, 1)
+    adv, weights = torch.tensor([1.0]), torch.tensor([1.0])
+    far = torch.tensor([[0.5]], requires_grad=True)  # ratio e^0.5 = 1.65 > 1.2
+    loss, clipped = clipped_loss(far, torch.zeros(1, 1), adv, weights, mask, 0.2)
+    loss.backward()
+    assert far.grad is not None and far.grad.item() == 0.0 and clipped.item() == 1.0
+    near = torch.tensor([[0.0]], requires_grad=True)
+    loss, clipped = clipped_loss(near, torch.zeros(1, 1), adv, weights, mask, 0.2)
+    loss.backward()
+    assert near.grad is not None and near.grad.item() < 0 and clipped.item() == 0.0
+
+
+def test_an_update_makes_the_better_answer_more_likely() -> None:
+    policy = tiny_policy(seed=1)
+    prompt, good, bad = (1, 6), (6, 6), (4, 5)
+    batch = token_batch([prompt, prompt], [good, bad], pad_id=0)
+
+    def logp_of_good() -> float:
+        with torch.no_grad():
+            lp = token_logprobs(policy.model, batch)
+        return float((lp[0] * batch.response_mask[0]).sum())
+
+    before = logp_of_good()
+    grpo = GRPO(policy.model, 0, GRPOConfig(learning_rate=1e-2, epochs=3))
+    samples = [
+        TrainSample(("r", "a"), prompt, good, 1.0, 1.0, 1.0, None),
+        TrainSample(("r", "b"), prompt, bad, 0.0, -1.0, 1.0, None),
+    ]
+    stats = grpo.update(samples)
+    assert logp_of_good() > before
+    assert stats.tokens == 4 and stats.loss == stats.loss  # finite
+
+
+def test_checkpoint_round_trip_and_hash(policy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    save_policy(policy, tmp_path / "a")
+    again = load_policy(tmp_path / "a")
+    for p, q in zip(policy.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert again.tokenizer.convert_ids_to_tokens([4, 5]) == ["a", "b"]
+    save_policy(again, tmp_path / "b")
+    assert content_hash(tmp_path / "a") == content_hash(tmp_path / "b")
+    with pytest.raises(ValueError, match="not a model checkpoint"):
+        load_policy(tmp_path / "missing")
+
+
+def test_bad_settings_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="learning_rate"):
+        GRPOConfig(learning_rate=0)
+    with pytest.raises(ValueError, match="clip_epsilon"):
+        GRPOConfig(clip_epsilon=1.5)
