@@ -1,0 +1,76 @@
+"""The trainer through the real broker on the CPU: runners run the demo agent on policy
+versions the trainer publishes, and the trainer learns from what they did."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+from aiokafka import TopicPartition
+
+from agl_stream.config import KafkaSettings
+from agl_stream.events import ResourcesPublished
+from agl_stream.streams import read_partitions
+from agl_stream.training.checkpoints import CheckpointStore, checkpoint_root, lineage_problems
+from agl_stream.training.model import content_hash, load_policy
+from agl_stream.training.trainer import Trainer, TrainerConfig
+from tests.integration.helpers import eventually
+from tests.integration.runs import queue, runner_in_process
+
+AGENT = "agl_stream.demo.task:echo_letter"
+
+
+async def published(kafka: KafkaSettings) -> list[ResourcesPublished]:
+    events = await read_partitions(kafka, [TopicPartition(kafka.topic("resources"), 0)])
+    return [e for e in events if isinstance(e, ResourcesPublished)]
+
+
+async def enqueue_group_tasks(kafka: KafkaSettings, version: str, groups: int, size: int) -> None:
+    for g in range(groups):
+        letter = "abcde"[g % 5]
+        await queue(
+            kafka, [{"letter": letter}] * size, resources_id=version,
+            metadata={"group": f"{version}-{g}"},
+        )  # fmt: skip
+
+
+async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_path: Path) -> None:
+    config = TrainerConfig(
+        checkpoint_dir=str(tmp_path / "checkpoints"), run_name="it", group_size=4,
+        groups_per_step=2, max_steps=2, heartbeat_seconds=1.0,
+    )  # fmt: skip
+    trainer = Trainer(kafka, config)
+    stop = asyncio.Event()
+    training = asyncio.create_task(trainer.run(stop))
+    async with runner_in_process(kafka, AGENT, concurrency=8):
+        for version in range(2):
+            resources_id = f"it-v{version}"
+
+            async def out(rid: str = resources_id) -> bool:
+                return any(e.resources_id == rid for e in await published(kafka))
+
+            await eventually(out, 60, f"the trainer to publish {resources_id}")
+            await enqueue_group_tasks(kafka, resources_id, groups=2, size=4)
+        await asyncio.wait_for(training, 120)
+
+    store = CheckpointStore(config.checkpoint_dir)
+    assert store.steps() == [0, 1, 2]
+    states = store.lineage()
+    assert lineage_problems(states) == []
+    assert [len(s["used"]) for s in states] == [0, 8, 8]
+    assert states[2]["counts"]["samples"] == 8 and states[2]["counts"].get("calls_without_token_ids", 0) == 0
+    # Each version on the topic points at its checkpoint, by a hash of the files there.
+    versions = {e.resources_id: e for e in await published(kafka)}
+    assert sorted(versions) == ["it-v0", "it-v1", "it-v2"]
+    for step in (0, 1, 2):
+        checkpoint = versions[f"it-v{step}"].resources["policy"]
+        directory = checkpoint_root(checkpoint.uri)  # type: ignore[union-attr]
+        assert directory == store.step_dir(step)
+        assert checkpoint.content_hash == content_hash(directory)  # type: ignore[union-attr]
+    assert versions["it-v2"].parent_resources_id == "it-v1"
+    assert versions["it-v2"].metadata["samples"] == "8"
+    # The update changed the weights.
+    before = load_policy(store.step_dir(0)).model.state_dict()
+    after = load_policy(store.step_dir(2)).model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
