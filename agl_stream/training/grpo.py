@@ -116,7 +116,7 @@ class GRPO:
             logp, old, advantages, weights, batch.response_mask, self.config.clip_epsilon
         )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         mask = batch.response_mask

@@ -35,14 +35,21 @@ async def resolve_range(
     until = {tp: min(ends.get(tp, last[full[tp]]), at_until.get(tp, last[full[tp]])) for tp in tps}
     for tp in tps:
         if until[tp] < start[tp]:
-            raise ValueError(f"{tp[0]}:{tp[1]}: the range ends at {until[tp]}, before it starts at {start[tp]}")
+            raise ValueError(
+                f"{tp[0]}:{tp[1]}: the range ends at {until[tp]}, before it starts at {start[tp]}"
+            )
     return start, until
 
 
 async def _at(
-    client: object, full: Mapping[TP, TopicPartition], when: datetime, last: Mapping[TopicPartition, int]
+    client: object,
+    full: Mapping[TP, TopicPartition],
+    when: datetime,
+    last: Mapping[TopicPartition, int],
 ) -> dict[TP, int]:
     """The first offset written at or after `when` (the end where there is none)."""
     millis = int(when.timestamp() * 1000)
     found = await client.offsets_for_times(dict.fromkeys(full.values(), millis))  # type: ignore[attr-defined]
-    return {tp: (found[t].offset if found.get(t) is not None else last[t]) for tp, t in full.items()}
+    return {
+        tp: (found[t].offset if found.get(t) is not None else last[t]) for tp, t in full.items()
+    }

@@ -12,6 +12,7 @@ trained on (remembered in the checkpoint) are skipped, so no data is repeated or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -47,7 +48,8 @@ from agl_stream.training.model import (
     save_policy,
     set_threads,
 )
-from agl_stream.training.trajectories import Assembler, TopicPartition as TP
+from agl_stream.training.trajectories import Assembler
+from agl_stream.training.trajectories import TopicPartition as TP
 from agl_stream.training.triplets import RewardRule
 
 log = logging.getLogger(__name__)
@@ -73,9 +75,7 @@ class TrainerConfig:
     start_latest: bool = False  # a fresh run starts at the end: only attempts from now on
     until: Mapping[TP, int] | None = None  # stop when every partition reaches these offsets
     group_id: str | None = None
-    worker_id: str = field(
-        default_factory=lambda: f"trainer-{socket.gethostname()}-{os.getpid()}"
-    )
+    worker_id: str = field(default_factory=lambda: f"trainer-{socket.gethostname()}-{os.getpid()}")
     heartbeat_seconds: float = 5.0
     threads: int = 1
     patience_records: int = 50_000
@@ -131,7 +131,10 @@ class Trainer:
         quiet_transformers()
         set_threads(self.config.threads)
         await self._read_resources()
-        async with producer(self.kafka) as prod, consumer(self.kafka, group_id=self.group_id) as cons:
+        async with (
+            producer(self.kafka) as prod,
+            consumer(self.kafka, group_id=self.group_id) as cons,
+        ):
             self._publisher = EventPublisher(prod, self.topics)
             tps = self._partitions()
             await self._resume_or_start(cons, tps)
@@ -176,7 +179,7 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
 
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
-        assert self._grpo is not None and self._policy is not None
+        assert self._grpo is not None
         started = time.monotonic()
         step_input = build_step(
             self.groups.take(),
@@ -251,7 +254,8 @@ class Trainer:
     def _write_checkpoint(self, state: dict[str, Any]) -> None:
         import torch
 
-        assert self._policy is not None and self._grpo is not None
+        assert self._policy is not None
+        assert self._grpo is not None
         policy, grpo = self._policy, self._grpo
 
         def fill(directory: Path) -> None:
@@ -355,10 +359,8 @@ class Trainer:
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self._heartbeat(WorkerStatus.BUSY)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.heartbeat_seconds)
-            except TimeoutError:
-                pass
 
     async def _heartbeat(self, status: WorkerStatus) -> None:
         if self._publisher is None:

@@ -186,7 +186,9 @@ class Assembler:
     def memory(self) -> dict[str, Any]:
         """What a resumed assembler must remember (JSON-ready)."""
         return {
-            "settled_rollouts": [[k, _marks_out(v)] for k, v in sorted(self.settled_rollouts.items())],
+            "settled_rollouts": [
+                [k, _marks_out(v)] for k, v in sorted(self.settled_rollouts.items())
+            ],
             "settled_attempts": [
                 [k[0], k[1], _marks_out(v)] for k, v in sorted(self.settled_attempts.items())
             ],
@@ -203,7 +205,9 @@ class Assembler:
 
     # -- the fold ---------------------------------------------------------------------------
 
-    def _settle_attempt(self, rollout_id: str, attempt_id: str, attempt: _Attempt, why: str) -> None:
+    def _settle_attempt(
+        self, rollout_id: str, attempt_id: str, attempt: _Attempt, why: str
+    ) -> None:
         self.settled_attempts[(rollout_id, attempt_id)] = dict(attempt.high)
         self.counts[why] += 1
         attempt.handed = attempt.settled = True
@@ -221,7 +225,9 @@ class Assembler:
             if trajectory is None:
                 continue
             if trajectory.status != AttemptStatus.SUCCEEDED:
-                self._settle_attempt(rollout_id, attempt_id, attempt, f"attempts_{trajectory.status.value}")
+                self._settle_attempt(
+                    rollout_id, attempt_id, attempt, f"attempts_{trajectory.status.value}"
+                )
                 continue
             attempt.handed = True
             self._ready.append(trajectory)

@@ -63,7 +63,11 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"rollout {self.rollout_id} attempt {self.attempt_id}"
-        return f"{where} span {self.span_id}: {self.reason}" if self.span_id else f"{where}: {self.reason}"
+        return (
+            f"{where} span {self.span_id}: {self.reason}"
+            if self.span_id
+            else f"{where}: {self.reason}"
+        )
 
 
 @dataclass
@@ -107,7 +111,9 @@ def _call_rewards(
         value = span.attributes.get(REWARD_SPAN) if span.name == REWARD_SPAN else None
         if not isinstance(value, int | float) or isinstance(value, bool):
             continue
-        before = [i for i, c in enumerate(calls) if c.end_time_unix_nano <= span.start_time_unix_nano]
+        before = [
+            i for i, c in enumerate(calls) if c.end_time_unix_nano <= span.start_time_unix_nano
+        ]
         if before:
             rewards[before[-1]] += float(value)
     return rewards
@@ -164,8 +170,12 @@ def build_transcript(trajectory: Trajectory) -> Transcript:
             messages = [{str(k): str(v) for k, v in m.items()} for m in sent]
         elif prompt.get("text"):
             messages.append({"role": "user", "content": str(prompt["text"])})
-        messages.append({"role": "assistant", "content": str(span.attributes.get(COMPLETION) or "")})
-    return Transcript(trajectory.rollout_id, trajectory.attempt_id, tuple(messages), trajectory.reward)
+        messages.append(
+            {"role": "assistant", "content": str(span.attributes.get(COMPLETION) or "")}
+        )
+    return Transcript(
+        trajectory.rollout_id, trajectory.attempt_id, tuple(messages), trajectory.reward
+    )
 
 
 def finetune_jsonl(transcripts: Sequence[Transcript], min_reward: float | None = None) -> str:

@@ -59,7 +59,10 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
     states = store.lineage()
     assert lineage_problems(states) == []
     assert [len(s["used"]) for s in states] == [0, 8, 8]
-    assert states[2]["counts"]["samples"] == 8 and states[2]["counts"].get("calls_without_token_ids", 0) == 0
+    assert (
+        states[2]["counts"]["samples"] == 8
+        and states[2]["counts"].get("calls_without_token_ids", 0) == 0
+    )
     # Each version on the topic points at its checkpoint, by a hash of the files there.
     versions = {e.resources_id: e for e in await published(kafka)}
     assert sorted(versions) == ["it-v0", "it-v1", "it-v2"]

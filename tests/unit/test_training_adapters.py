@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agl_stream.events import AttemptStatus
 from agl_stream.training.advantages import group_advantages
-from agl_stream.training.batching import Groups, StalePolicy, Staleness, build_step
+from agl_stream.training.batching import Groups, Staleness, StalePolicy, build_step
 from agl_stream.training.checkpoints import lineage_problems
 from agl_stream.training.trajectories import Trajectory
 from agl_stream.training.triplets import (
@@ -24,7 +24,13 @@ from agl_stream.training.triplets import (
 from .training_traffic import llm_span, reward_span, span
 
 
-def trajectory(spans: list, reward: float | None = 1.0, group: str = "g", rid: str = "r", resources_id: str = "v1") -> Trajectory:  # type: ignore[type-arg]
+def trajectory(
+    spans: list,
+    reward: float | None = 1.0,
+    group: str = "g",
+    rid: str = "r",
+    resources_id: str = "v1",
+) -> Trajectory:  # type: ignore[type-arg]
     return Trajectory(
         rollout_id=rid, attempt_id="a", attempt_number=1, input_json="{}",
         metadata={"group": group}, resources_id=resources_id, status=AttemptStatus.SUCCEEDED,
@@ -111,7 +117,9 @@ def test_advantages_of_each_group_sum_to_zero(rewards: list[float], groups: int)
     labels = [i % groups for i in range(len(rewards))]
     adv = group_advantages(rewards, labels)
     for g in range(groups):
-        assert sum(a for a, label in zip(adv, labels, strict=True) if label == g) == pytest.approx(0, abs=1e-6)
+        assert sum(a for a, label in zip(adv, labels, strict=True) if label == g) == pytest.approx(
+            0, abs=1e-6
+        )
 
 
 def test_staleness_rule() -> None:
@@ -130,7 +138,13 @@ def test_groups_fill_then_step_takes_the_oldest_full_ones() -> None:
     groups = Groups(group_size=2, groups_per_step=2)
     groups.add([trajectory([], group="x", rid="1"), trajectory([], group="y", rid="2")])
     assert not groups.ready()
-    groups.add([trajectory([], group="y", rid="3"), trajectory([], group="x", rid="4"), trajectory([], group="x", rid="5")])
+    groups.add(
+        [
+            trajectory([], group="y", rid="3"),
+            trajectory([], group="x", rid="4"),
+            trajectory([], group="x", rid="5"),
+        ]
+    )
     assert groups.ready()
     taken = groups.take()
     assert [[t.rollout_id for t in g] for g in taken] == [["1", "4"], ["2", "3"]]
@@ -139,7 +153,9 @@ def test_groups_fill_then_step_takes_the_oldest_full_ones() -> None:
 
 def test_build_step_drops_stale_and_computes_advantages_per_group() -> None:
     def t(rid: str, reward: float, version: str) -> Trajectory:
-        return trajectory([llm_span(rid, "a", 0, 1, [1], [2])], reward=reward, rid=rid, resources_id=version)
+        return trajectory(
+            [llm_span(rid, "a", 0, 1, [1], [2])], reward=reward, rid=rid, resources_id=version
+        )
 
     groups = [[t("1", 1.0, "v5"), t("2", 0.0, "v5"), t("3", 1.0, "v2")]]
     step = build_step(groups, {"v5": 5, "v2": 2}, 5, Staleness(max_versions=1))

@@ -85,7 +85,9 @@ def run_all(assembler: Assembler, records: list[Record]) -> list[Trajectory]:
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), order=st.integers(0, 10_000), duplicate=st.booleans())
-def test_every_successful_train_attempt_once_in_any_order(seed: int, order: int, duplicate: bool) -> None:
+def test_every_successful_train_attempt_once_in_any_order(
+    seed: int, order: int, duplicate: bool
+) -> None:
     records = traffic(seed)
     shuffled = interleave(records, random.Random(order))
     if duplicate:  # at-least-once delivery: some records come twice, later
@@ -152,7 +154,9 @@ def test_a_finished_rollout_missing_a_span_is_given_up_after_patience() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), stop=st.floats(0, 1), train_every=st.integers(1, 5))
-def test_resuming_from_the_cut_neither_repeats_nor_loses(seed: int, stop: float, train_every: int) -> None:
+def test_resuming_from_the_cut_neither_repeats_nor_loses(
+    seed: int, stop: float, train_every: int
+) -> None:
     """A trainer that settles trajectories in steps, is killed after a step, and resumes
     from that step's cut and memory, trains on exactly the attempts of an uninterrupted run."""
     records = interleave(traffic(seed), random.Random(seed))

@@ -52,7 +52,9 @@ def llm_span(
     return span(rollout_id, attempt_id, sequence, "agl.llm.call", at, **call.attributes())
 
 
-def reward_span(rollout_id: str, attempt_id: str, sequence: int, at: int, value: float) -> SpanRecorded:
+def reward_span(
+    rollout_id: str, attempt_id: str, sequence: int, at: int, value: float
+) -> SpanRecorded:
     return span(rollout_id, attempt_id, sequence, "agl.reward", at, **{"agl.reward": value})
 
 
@@ -87,20 +89,30 @@ def attempt_records(
     out += [(("spans", 0), s) for s in spans]
     out.append((("rollouts", 0), finished))
     if finish_rollout:
-        end_status = RolloutStatus.SUCCEEDED if status == AttemptStatus.SUCCEEDED else RolloutStatus.FAILED
-        out.append((("rollouts", 0), RolloutFinished(
-            rollout_id=rollout_id, status=end_status, attempt_id=attempt_id, attempt_count=attempt_number,
-        )))  # fmt: skip
+        end_status = (
+            RolloutStatus.SUCCEEDED if status == AttemptStatus.SUCCEEDED else RolloutStatus.FAILED
+        )
+        end = RolloutFinished(
+            rollout_id=rollout_id,
+            status=end_status,
+            attempt_id=attempt_id,
+            attempt_count=attempt_number,
+        )
+        out.append((("rollouts", 0), end))
     return out
 
 
-def one_call_attempt(rollout_id: str, group: str = "g", reward: float = 1.0, **kw: Any) -> list[Record]:
+def one_call_attempt(
+    rollout_id: str, group: str = "g", reward: float = 1.0, **kw: Any
+) -> list[Record]:
     attempt_id = kw.pop("attempt_id", None) or uuid.uuid4().hex
     spans = [
         llm_span(rollout_id, attempt_id, 0, 10, [1, 2], [3, 4], logprobs=[-0.5, -0.25]),
         reward_span(rollout_id, attempt_id, 1, 20, reward),
     ]
-    return attempt_records(rollout_id, spans, attempt_id=attempt_id, reward=reward, group=group, **kw)
+    return attempt_records(
+        rollout_id, spans, attempt_id=attempt_id, reward=reward, group=group, **kw
+    )
 
 
 def with_offsets(records: Sequence[Record]) -> list[tuple[TopicPartition, int, Event]]:

@@ -1,0 +1,1 @@
+"""Alembic chain of one read model schema (see env.py)."""
