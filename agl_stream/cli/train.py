@@ -92,7 +92,8 @@ def run_trainer(app: AppContext, config: Any) -> None:
     def show(report: Any) -> None:
         console.print(
             f"step {report.step}: mean reward {report.mean_reward:.3f}, "
-            f"{report.counts.get('samples', 0)} samples, published {report.resources_id}",
+            f"{report.counts.get('samples', 0)} samples, "
+            + (f"published {report.resources_id}" if config.publish else "checkpoint written"),
             highlight=False,
         )
 
@@ -181,10 +182,15 @@ def retrain_command(
         )
     starts = _offsets(from_offset, "--from-offset")
     ends = _offsets(until_offset, "--until-offset")
-    start, until = asyncio.run(resolve_range(app.kafka(), starts, ends, from_time, until_time))
+    try:
+        start, until = asyncio.run(resolve_range(app.kafka(), starts, ends))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     config.publish = False
     config.start = start
     config.until = until
+    config.from_time = from_time
+    config.until_time = until_time
     run_trainer(app, config)
 
 

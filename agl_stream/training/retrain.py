@@ -1,10 +1,12 @@
 """Which offsets an offline retrain reads: per partition of the trained topics, from a start
-(an offset, a time, or the beginning) to an end (an offset, a time, or the end now)."""
+offset (default: the beginning) to an end offset (default: the end now). Time bounds are
+applied to the records' broker timestamps as they are read (TrainerConfig.from_time and
+until_time): the embedded broker answers ListOffsets-by-time with offset 0, so offsets are
+not looked up by time."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 
 from aiokafka import TopicPartition
 
@@ -17,11 +19,7 @@ TRAINED_TOPICS = ("tasks", "rollouts", "spans")
 
 
 async def resolve_range(
-    kafka: KafkaSettings,
-    starts: Mapping[TP, int],
-    ends: Mapping[TP, int],
-    from_time: datetime | None,
-    until_time: datetime | None,
+    kafka: KafkaSettings, starts: Mapping[TP, int], ends: Mapping[TP, int]
 ) -> tuple[dict[TP, int], dict[TP, int]]:
     topics = Topics(kafka)
     tps = [(t, p) for t in TRAINED_TOPICS for p in range(topics.specs[t].partitions)]
@@ -29,27 +27,11 @@ async def resolve_range(
     last = await end_offsets(kafka, full.values())
     async with consumer(kafka) as client:
         first = await client.beginning_offsets(list(full.values()))
-        at_from = await _at(client, full, from_time, last) if from_time else {}
-        at_until = await _at(client, full, until_time, last) if until_time else {}
-    start = {tp: starts.get(tp, at_from.get(tp, first[full[tp]])) for tp in tps}
-    until = {tp: min(ends.get(tp, last[full[tp]]), at_until.get(tp, last[full[tp]])) for tp in tps}
+    start = {tp: max(starts.get(tp, 0), first[full[tp]]) for tp in tps}
+    until = {tp: min(ends.get(tp, last[full[tp]]), last[full[tp]]) for tp in tps}
     for tp in tps:
         if until[tp] < start[tp]:
             raise ValueError(
                 f"{tp[0]}:{tp[1]}: the range ends at {until[tp]}, before it starts at {start[tp]}"
             )
     return start, until
-
-
-async def _at(
-    client: object,
-    full: Mapping[TP, TopicPartition],
-    when: datetime,
-    last: Mapping[TopicPartition, int],
-) -> dict[TP, int]:
-    """The first offset written at or after `when` (the end where there is none)."""
-    millis = int(when.timestamp() * 1000)
-    found = await client.offsets_for_times(dict.fromkeys(full.values(), millis))  # type: ignore[attr-defined]
-    return {
-        tp: (found[t].offset if found.get(t) is not None else last[t]) for tp, t in full.items()
-    }

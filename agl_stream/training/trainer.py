@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ class TrainerConfig:
     start: Mapping[TP, int] | None = None  # where a fresh run starts (default: the beginning)
     start_latest: bool = False  # a fresh run starts at the end: only attempts from now on
     until: Mapping[TP, int] | None = None  # stop when every partition reaches these offsets
+    from_time: datetime | None = None  # skip records the broker stamped earlier
+    until_time: datetime | None = None  # a partition ends at its first record stamped later
     group_id: str | None = None
     worker_id: str = field(default_factory=lambda: f"trainer-{socket.gethostname()}-{os.getpid()}")
     heartbeat_seconds: float = 5.0
@@ -120,6 +123,7 @@ class Trainer:
         self.groups = Groups(config.group_size, config.groups_per_step)
         self.versions: dict[str, int] = {}
         self._carried: dict[str, Any] = {}
+        self._time_stops: dict[TP, int] = {}
         self._policy: Policy | None = None
         self._grpo: GRPO | None = None
         self._publisher: EventPublisher | None = None
@@ -157,7 +161,9 @@ class Trainer:
         while not stop.is_set() and not self._done():
             batch = await stream.next_batch(timeout_ms=500, max_records=5000)
             for item in batch:
-                self.assembler.add((short[item.topic], item.partition), item.offset, item.event)
+                tp = (short[item.topic], item.partition)
+                if self._in_range(tp, item.offset, item.timestamp_ms):
+                    self.assembler.add(tp, item.offset, item.event)
             for tp, offset in batch.next_offsets.items():
                 self.positions[(short[tp.topic], tp.partition)] = offset
             self.counts["records"] += len(batch)
@@ -166,14 +172,27 @@ class Trainer:
             while self.groups.ready() and not self._done():
                 await self._train_step(cons)
 
+    def _in_range(self, tp: TP, offset: int, timestamp_ms: int | None) -> bool:
+        """Whether a record is inside a retrain's time and offset bounds."""
+        cfg = self.config
+        millis = timestamp_ms or 0
+        if cfg.until is not None and offset >= cfg.until.get(tp, offset + 1):
+            return False
+        if offset >= self._time_stops.get(tp, offset + 1):
+            return False
+        if cfg.until_time is not None and millis > cfg.until_time.timestamp() * 1000:
+            self._time_stops[tp] = offset
+            return False
+        return cfg.from_time is None or millis >= cfg.from_time.timestamp() * 1000
+
     def _done(self) -> bool:
         cfg = self.config
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             return True
         if cfg.until is not None:
-            return all(self.positions.get(tp, 0) >= end for tp, end in cfg.until.items()) and (
-                not self.groups.ready()
-            )
+            ends = {tp: min(end, self._time_stops.get(tp, end)) for tp, end in cfg.until.items()}
+            reached = all(self.positions.get(tp, 0) >= end for tp, end in ends.items())
+            return reached and not self.groups.ready()
         return False
 
     # -- one step ---------------------------------------------------------------------------

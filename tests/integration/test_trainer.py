@@ -77,3 +77,20 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
     before = load_policy(store.step_dir(0)).model.state_dict()
     after = load_policy(store.step_dir(2)).model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # Offline retrain of the same range into a fresh directory: the same attempts, in the
+    # same number of steps, and nothing published.
+    from agl_stream.training.retrain import resolve_range
+
+    start, until = await resolve_range(kafka, {}, {})
+    offline = TrainerConfig(
+        checkpoint_dir=str(tmp_path / "retrain"), run_name="offline", group_size=4,
+        groups_per_step=2, publish=False, start=start, until=until,
+    )  # fmt: skip
+    await asyncio.wait_for(Trainer(kafka, offline).run(asyncio.Event()), 120)
+    again = CheckpointStore(offline.checkpoint_dir).lineage()
+    assert lineage_problems(again) == []
+    assert sorted(tuple(k) for s in again for k in s["used"]) == sorted(
+        tuple(k) for s in states for k in s["used"]
+    )
+    assert not [e for e in await published(kafka) if e.resources_id.startswith("offline")]
