@@ -64,6 +64,7 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     """TrainerConfig from the options (imports torch: only when a trainer runs)."""
     from agl_stream.training.batching import Staleness, StalePolicy
+    from agl_stream.training.checkpoints import checkpoint_root
     from agl_stream.training.grpo import GRPOConfig
     from agl_stream.training.trainer import TrainerConfig
     from agl_stream.training.triplets import RewardRule
@@ -71,6 +72,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     if not checkpoint_dir:
         raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
     try:
+        checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
         grpo = GRPOConfig(
             learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"]

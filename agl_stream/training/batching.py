@@ -4,7 +4,7 @@ same task, the staleness rule, the reward rule, group-relative advantages."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -103,6 +103,19 @@ class Groups:
             if members[self.group_size :]:
                 self._groups[key] = members[self.group_size :]
         return taken
+
+    def evict(self, unwanted: Callable[[Trajectory], bool]) -> list[Trajectory]:
+        """Take out the trajectories a step would drop (too stale), so that they do not fill
+        a group and hold back the fresh ones."""
+        evicted = []
+        for key, members in list(self._groups.items()):
+            keep = [t for t in members if not unwanted(t)]
+            evicted += [t for t in members if unwanted(t)]
+            if keep:
+                self._groups[key] = keep
+            else:
+                del self._groups[key]
+        return evicted
 
     def waiting(self) -> int:
         return sum(len(v) for v in self._groups.values())

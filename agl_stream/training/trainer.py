@@ -49,7 +49,7 @@ from agl_stream.training.model import (
     save_policy,
     set_threads,
 )
-from agl_stream.training.trajectories import Assembler
+from agl_stream.training.trajectories import Assembler, Trajectory
 from agl_stream.training.trajectories import TopicPartition as TP
 from agl_stream.training.triplets import RewardRule
 
@@ -124,6 +124,7 @@ class Trainer:
         self.versions: dict[str, int] = {}
         self._carried: dict[str, Any] = {}
         self._time_stops: dict[TP, int] = {}
+        self._evicted: list[Trajectory] = []
         self._policy: Policy | None = None
         self._grpo: GRPO | None = None
         self._publisher: EventPublisher | None = None
@@ -169,8 +170,10 @@ class Trainer:
             self.counts["records"] += len(batch)
             self.counts["dead_lettered"] += batch.dead_lettered
             self.groups.add(self.assembler.complete())
+            self._evict_stale()
             while self.groups.ready() and not self._done():
                 await self._train_step(cons)
+                self._evict_stale()  # a new version makes more samples stale
 
     def _in_range(self, tp: TP, offset: int, timestamp_ms: int | None) -> bool:
         """Whether a record is inside a retrain's time and offset bounds."""
@@ -195,6 +198,16 @@ class Trainer:
             return reached and not self.groups.ready()
         return False
 
+    def _evict_stale(self) -> None:
+        """Samples the staleness rule drops leave their groups now; the next step consumes
+        them (its lineage lists them) without training on them."""
+        rule = self.config.staleness
+
+        def too_stale(t: Trajectory) -> bool:
+            return rule.weight(self.versions.get(t.resources_id or ""), self.version) is None
+
+        self._evicted += self.groups.evict(too_stale)
+
     # -- one step ---------------------------------------------------------------------------
 
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
@@ -208,6 +221,9 @@ class Trainer:
             self.config.reward_rule,
             self.config.grpo.scale_rewards,
         )
+        evicted, self._evicted = self._evicted, []
+        step_input.used += [t.key for t in evicted]
+        step_input.counts["dropped_stale"] += len(evicted)
         stats = None
         if step_input.samples:
             stats = await asyncio.to_thread(self._grpo.update, step_input.samples)

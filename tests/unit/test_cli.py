@@ -88,3 +88,42 @@ def test_unknown_topic_name_in_check() -> None:
     result = CliRunner().invoke(cli, ["topics", "check", "nope"])
     assert result.exit_code == 2
     assert "unknown topics ['nope']" in result.output
+
+
+def test_a_trainer_without_a_checkpoint_dir_is_told_so() -> None:
+    result = CliRunner().invoke(cli, ["worker", "--role", "trainer"])
+    assert result.exit_code == 2
+    assert "a trainer needs --checkpoint-dir" in result.output
+
+
+def test_a_bad_trainer_setting_is_a_usage_error() -> None:
+    for args, message in [
+        (["--learning-rate", "0"], "--learning-rate"),
+        (["--group-size", "0"], "--group-size"),
+        (["--reward-rule", "best"], "--reward-rule"),
+        (["--checkpoint-dir", "s3://bucket/x"], "only local paths and file:// URIs"),
+    ]:
+        result = CliRunner().invoke(cli, ["worker", "--role", "trainer", *args])
+        assert result.exit_code != 0, args
+        assert message in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_retrain_offsets_are_checked() -> None:
+    result = CliRunner().invoke(
+        cli, ["retrain", "--checkpoint-dir", "x", "--from-offset", "spans:99=1"]
+    )
+    assert result.exit_code == 2 and "spans has partitions 0-7, not 99" in result.output
+    result = CliRunner().invoke(
+        cli, ["retrain", "--checkpoint-dir", "x", "--until-offset", "workers:0=1"]
+    )
+    assert result.exit_code == 2 and "a trainer reads tasks, rollouts and spans" in result.output
+    result = CliRunner().invoke(
+        cli, ["retrain", "--checkpoint-dir", "x", "--from-offset", "spans=1"]
+    )
+    assert result.exit_code == 2 and "write TOPIC:PARTITION=OFFSET" in result.output
+
+
+def test_checkpoints_of_an_empty_directory(tmp_path: object) -> None:
+    result = CliRunner().invoke(cli, ["checkpoints", "--checkpoint-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "no checkpoints in" in result.output

@@ -180,3 +180,13 @@ def test_lineage_problems() -> None:
     problems = lineage_problems(overlap)
     assert "step 2: spans:0 starts at 4, step 1 ended at 5" in problems
     assert "step 2: attempt a was already used by step 1" in problems
+
+
+def test_stale_trajectories_leave_their_groups_so_fresh_groups_fill_the_step() -> None:
+    groups = Groups(group_size=2, groups_per_step=1)
+    old = trajectory([], group="old", rid="1", resources_id="v1")
+    groups.add([old, trajectory([], group="new", rid="2", resources_id="v3")])
+    groups.add([trajectory([], group="old", rid="3", resources_id="v1")])
+    evicted = groups.evict(lambda t: t.resources_id == "v1")
+    assert [t.rollout_id for t in evicted] == ["1", "3"]
+    assert not groups.ready() and groups.waiting() == 1
