@@ -81,7 +81,7 @@ def demo(
     table = Table(title=f"demo {config.run_name}", show_header=False, title_justify="left")
     for name, value in summary_rows(points):
         table.add_row(name, value)
-    table.add_row("rollouts (read model)", rollouts)
+    table.add_row("rollouts in the read model (every run)", rollouts)
     table.add_row("checkpoints", str(config.checkpoint_dir))
     table.add_row("reward curve", str(png))
     table.add_row("wall time", f"{time.monotonic() - started:.0f} s")

@@ -85,10 +85,10 @@ def workers(
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for name, command in commands.items():
-            log = (config.log_dir / f"{name}.log").open("wb")
-            processes.append(
-                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
+            with (config.log_dir / f"{name}.log").open("wb") as log:  # the child keeps its copy
+                processes.append(
+                    subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+                )
         yield processes
     finally:
         for process in processes:

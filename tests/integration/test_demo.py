@@ -1,0 +1,28 @@
+"""The demo as the README runs it (fewer steps): separate runner, projector and trainer
+processes, and the reward rises clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.demo.curve import plot_rewards, tenths
+from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_demo_learns(kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path) -> None:
+    config = DemoConfig(steps=12, runners=1, out_dir=tmp_path)
+    seen: list[StepPoint] = []
+    points = run_demo(config, kafka, database, seen.append)
+    assert [p.step for p in points] == list(range(1, 13)) and seen == points
+    first, last = tenths(points)
+    assert last >= 2 * first, [p.mean_reward for p in points]
+    assert all(p.samples == config.groups_per_step * config.group_size for p in points)
+    assert lineage_problems(CheckpointStore(str(config.checkpoint_dir)).lineage()) == []
+    png = plot_rewards(points, tmp_path / "curve.png", config)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
