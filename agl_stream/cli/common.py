@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, Iterator
+import re
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -18,7 +19,7 @@ from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
 from agl_stream.embedded.process import StackError
 from agl_stream.queries.params import NotFound, QueryError
 from agl_stream.topic_admin import TopicsNotReady
-from agl_stream.topic_spec import TopicSpecError
+from agl_stream.topic_spec import TopicSpecError, load_topic_specs
 
 console = Console()
 err_console = Console(stderr=True)
@@ -85,3 +86,35 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def run(coro: Coroutine[Any, Any, R]) -> R:
     return asyncio.run(coro)
+
+
+_OFFSET = re.compile(r"^([A-Za-z0-9._-]+):(\d+)=(\d+)$")
+
+
+def parse_offsets(
+    values: tuple[str, ...], flag: str, prefix: str, topics: Sequence[str], who: str
+) -> dict[tuple[str, int], int]:
+    """TOPIC:PARTITION=OFFSET options, keyed by (short topic name, partition). A topic may
+    be named with or without the prefix; only `topics` (what `who` reads) are accepted."""
+    specs = load_topic_specs()
+    out: dict[tuple[str, int], int] = {}
+    for value in values:
+        match = _OFFSET.match(value)
+        if not match:
+            raise click.BadParameter(
+                f"{value!r}: write TOPIC:PARTITION=OFFSET, for example spans:3=1200",
+                param_hint=flag,
+            )
+        topic, partition = match.group(1).removeprefix(prefix), int(match.group(2))
+        if topic not in topics:
+            raise click.BadParameter(
+                f"{match.group(1)!r}: {who} reads {', '.join(topics[:-1])} and {topics[-1]}",
+                param_hint=flag,
+            )
+        if partition >= specs[topic].partitions:
+            raise click.BadParameter(
+                f"{topic} has partitions 0-{specs[topic].partitions - 1}, not {partition}",
+                param_hint=flag,
+            )
+        out[(topic, partition)] = int(match.group(3))
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 import click
@@ -15,40 +14,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.cli.common import AppContext, console, friendly_errors, parse_offsets, run
 from agl_stream.cli.times import TIME
 from agl_stream.db.migrate import check_schema_name
+from agl_stream.projection.projector import PROJECTED_TOPICS
 from agl_stream.projection.replay import ReplayLimits, replay
-from agl_stream.topic_spec import load_topic_specs
-
-_OFFSET = re.compile(r"^([A-Za-z0-9._-]+):(\d+)=(\d+)$")
 
 
 def _offsets(app: AppContext, values: tuple[str, ...]) -> dict[tuple[str, int], int]:
-    specs = load_topic_specs()
     prefix = app.kafka().topic_prefix
-    out: dict[tuple[str, int], int] = {}
-    for value in values:
-        match = _OFFSET.match(value)
-        if not match:
-            raise click.BadParameter(
-                f"{value!r}: write TOPIC:PARTITION=OFFSET, for example spans:3=1200",
-                param_hint="--until-offset",
-            )
-        topic, partition, offset = match.group(1), int(match.group(2)), int(match.group(3))
-        spec = specs.get(topic.removeprefix(prefix))
-        if spec is None:
-            raise click.BadParameter(
-                f"no topic {topic!r}; the projected topics are {', '.join(sorted(specs))}",
-                param_hint="--until-offset",
-            )
-        if partition >= spec.partitions:
-            raise click.BadParameter(
-                f"{spec.name} has partitions 0-{spec.partitions - 1}, not {partition}",
-                param_hint="--until-offset",
-            )
-        out[(spec.full_name(prefix), partition)] = offset
-    return out
+    short = parse_offsets(values, "--until-offset", prefix, PROJECTED_TOPICS, "the projector")
+    return {(prefix + topic, partition): offset for (topic, partition), offset in short.items()}
 
 
 @click.command("replay")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 from collections.abc import Callable
 from datetime import datetime
@@ -13,12 +12,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.common import AppContext, console, friendly_errors, parse_offsets
 from agl_stream.cli.times import TIME
-from agl_stream.topic_spec import load_topic_specs
+from agl_stream.training.trajectories import TRAINED_TOPICS
 
 ALGORITHMS = ("grpo",)
-_OFFSET = re.compile(r"^([\w.-]+):(\d+)=(\d+)$")
 
 
 def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -117,28 +115,9 @@ def run_trainer(app: AppContext, config: Any) -> None:
     )
 
 
-def _offsets(values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
-    specs = load_topic_specs()
-    out: dict[tuple[str, int], int] = {}
-    for value in values:
-        match = _OFFSET.match(value)
-        if not match:
-            raise click.BadParameter(
-                f"{value!r}: write TOPIC:PARTITION=OFFSET, for example spans:3=1200",
-                param_hint=flag,
-            )
-        topic, partition, offset = match.group(1), int(match.group(2)), int(match.group(3))
-        if topic not in ("tasks", "rollouts", "spans"):
-            raise click.BadParameter(
-                f"{topic!r}: a trainer reads tasks, rollouts and spans", param_hint=flag
-            )
-        if partition >= specs[topic].partitions:
-            raise click.BadParameter(
-                f"{topic} has partitions 0-{specs[topic].partitions - 1}, not {partition}",
-                param_hint=flag,
-            )
-        out[(topic, partition)] = offset
-    return out
+def _offsets(app: AppContext, values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
+    prefix = app.kafka().topic_prefix
+    return parse_offsets(values, flag, prefix, TRAINED_TOPICS, "a trainer")
 
 
 @click.command("retrain")
@@ -182,8 +161,8 @@ def retrain_command(
         raise click.UsageError(
             f"{options['checkpoint_dir']} already holds checkpoints: retrain into a new directory"
         )
-    starts = _offsets(from_offset, "--from-offset")
-    ends = _offsets(until_offset, "--until-offset")
+    starts = _offsets(app, from_offset, "--from-offset")
+    ends = _offsets(app, until_offset, "--until-offset")
     try:
         start, until = asyncio.run(resolve_range(app.kafka(), starts, ends))
     except ValueError as exc:

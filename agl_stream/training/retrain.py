@@ -13,9 +13,8 @@ from aiokafka import TopicPartition
 from agl_stream.config import KafkaSettings
 from agl_stream.kafka import consumer, end_offsets
 from agl_stream.streams import Topics
+from agl_stream.training.trajectories import TRAINED_TOPICS
 from agl_stream.training.trajectories import TopicPartition as TP
-
-TRAINED_TOPICS = ("tasks", "rollouts", "spans")
 
 
 async def resolve_range(

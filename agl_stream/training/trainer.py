@@ -49,13 +49,12 @@ from agl_stream.training.model import (
     save_policy,
     set_threads,
 )
-from agl_stream.training.trajectories import Assembler, Trajectory
+from agl_stream.training.trajectories import TRAINED_TOPICS, Assembler, Trajectory, partition_of
 from agl_stream.training.trajectories import TopicPartition as TP
 from agl_stream.training.triplets import RewardRule
 
 log = logging.getLogger(__name__)
 
-TRAINED_TOPICS = ("tasks", "rollouts", "spans")
 POLICY_RESOURCE = "policy"
 MAX_PROBLEMS_KEPT = 20
 
@@ -333,7 +332,7 @@ class Trainer:
         state = self.store.state(step)
         self.step, self.version = state["step"], state["version"]
         self.resources_id = state["resources_id"]
-        self.cut = {_tp(name): offset for name, offset in state["cut"].items()}
+        self.cut = {partition_of(name): offset for name, offset in state["cut"].items()}
         self.positions = dict(self.cut)
         self.assembler = Assembler.resume(state["assembler"], self.config.patience_records)
         self._policy = load_policy(directory)
@@ -412,8 +411,3 @@ class Trainer:
                 interval_seconds=self.config.heartbeat_seconds,
             ),
         )  # fmt: skip
-
-
-def _tp(name: str) -> TP:
-    topic, _, partition = name.rpartition(":")
-    return (topic, int(partition))

@@ -29,6 +29,8 @@ from agl_stream.events import (
     SpanRecorded,
 )
 
+# The co-partitioned topics a trajectory is assembled from.
+TRAINED_TOPICS = ("tasks", "rollouts", "spans")
 TopicPartition = tuple[str, int]  # (short topic name, partition)
 AttemptKey = tuple[str, str]  # (rollout id, attempt id)
 REWARD_SPAN = "agl.reward"
@@ -289,9 +291,11 @@ def _marks_out(marks: Mapping[TopicPartition, int]) -> dict[str, int]:
     return {f"{topic}:{partition}": offset for (topic, partition), offset in sorted(marks.items())}
 
 
+def partition_of(name: str) -> TopicPartition:
+    """ "spans:3" -> ("spans", 3): how partitions are named in checkpoints."""
+    topic, _, partition = name.rpartition(":")
+    return (topic, int(partition))
+
+
 def _marks_in(marks: Mapping[str, int]) -> dict[TopicPartition, int]:
-    out: dict[TopicPartition, int] = {}
-    for name, offset in marks.items():
-        topic, _, partition = name.rpartition(":")
-        out[(topic, int(partition))] = int(offset)
-    return out
+    return {partition_of(name): int(offset) for name, offset in marks.items()}
