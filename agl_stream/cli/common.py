@@ -108,7 +108,8 @@ def parse_offsets(
         topic, partition = match.group(1).removeprefix(prefix), int(match.group(2))
         if topic not in topics:
             raise click.BadParameter(
-                f"{match.group(1)!r}: {who} reads {', '.join(topics[:-1])} and {topics[-1]}",
+                f"no topic {match.group(1)!r} here: {who} reads "
+                f"{', '.join(topics[:-1])} and {topics[-1]}",
                 param_hint=flag,
             )
         if partition >= specs[topic].partitions:
