@@ -1,5 +1,5 @@
 """LLM calls recorded as spans: the shape every producer of LLM-call spans writes (the
-in-process policy sampler today, a gateway on the wire later) and the training adapters read.
+in-process policy sampler, the gateway on the wire) and the training adapters read.
 
 One span named `agl.llm.call` per call, with OpenTelemetry's gen_ai attribute names where
 they exist. Token ids and per-token logprobs are lists of numbers; the prompt (chat
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_stream.agent.tracing import tracer
@@ -70,12 +71,22 @@ class LLMCall:
 
 
 def record_llm_call(
-    call: LLMCall, started_ns: int | None = None, error: BaseException | None = None
+    call: LLMCall,
+    started_ns: int | None = None,
+    error: BaseException | str | None = None,
+    parent: Context | None = None,
 ) -> None:
     """Record one LLM call as a span of the current attempt; `started_ns` (time.time_ns()
-    when the request was sent) makes the span's duration the call's latency."""
+    when the request was sent) makes the span's duration the call's latency; `parent` places
+    it in a trace other than the current one (the gateway: the attempt's)."""
     with tracer().start_as_current_span(
-        LLM_CALL_SPAN, kind=SpanKind.CLIENT, attributes=call.attributes(), start_time=started_ns
+        LLM_CALL_SPAN,
+        context=parent,
+        kind=SpanKind.CLIENT,
+        attributes=call.attributes(),
+        start_time=started_ns,
     ) as span:
-        if error is not None:
+        if isinstance(error, BaseException):
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))

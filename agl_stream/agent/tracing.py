@@ -40,6 +40,10 @@ class AttemptRecorder:
             self._events.append(to_event(span, self.rollout_id, self.attempt_id, len(self._events)))
             self.last_progress = time.monotonic()
 
+    def touch(self) -> None:
+        """Progress that is not a span yet (an LLM call streaming through the gateway)."""
+        self.last_progress = time.monotonic()
+
     def set_reward(self, value: float) -> None:
         self.reward = value
 

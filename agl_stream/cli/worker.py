@@ -67,6 +67,26 @@ ROLES = ("runner", "projector", "trainer")
     show_default=True,
     help="How soon the group notices a runner died.",
 )
+@click.option(
+    "--gateway/--no-gateway",
+    default=True,
+    show_default=True,
+    help="Run the LLM gateway in the runner: agents' LLM resources get per-attempt URLs on it "
+    "and every call is recorded with its token ids.",
+)
+@click.option(
+    "--gateway-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the runner's gateway listens on (agents reach it there).",
+)
+@click.option(
+    "--gateway-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port of the runner's gateway (0: any free port).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
 @trainer_options
 @click.pass_obj
@@ -83,6 +103,9 @@ def worker(
     grace: float,
     heartbeat: float,
     session_timeout_ms: int,
+    gateway: bool,
+    gateway_host: str,
+    gateway_port: int,
     verbose: bool,
     **trainer: Any,
 ) -> None:
@@ -137,6 +160,7 @@ def worker(
     runner_config = RunnerConfig(
         agent=agent, concurrency=concurrency, group_id=group, shutdown_grace_seconds=grace,
         heartbeat_seconds=heartbeat, session_timeout_ms=session_timeout_ms,
+        gateway=gateway, gateway_host=gateway_host, gateway_port=gateway_port,
     )  # fmt: skip
     if worker_id:
         runner_config.worker_id = worker_id

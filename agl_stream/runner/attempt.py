@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.structs import RecordMetadata
+from opentelemetry import context as otel_context
 
 from agl_stream.agent.api import LitAgent, NamedResources, Rollout
 from agl_stream.agent.emit import emit_reward
 from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
 from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
+from agl_stream.gateway.proxy import Gateway
 from agl_stream.streams import EventPublisher
 
 ATTEMPT_SPAN = "agl.attempt"
@@ -61,8 +63,13 @@ async def execute(
     publisher: EventPublisher,
     handle: AttemptHandle,
     flush_seconds: float = 0.2,
+    gateway: Gateway | None = None,
 ) -> Outcome:
     recorder = AttemptRecorder(task.rollout_id, rollout.attempt_id)
+    if gateway is not None:
+        # The agent's LLM resources point at the gateway, which records into this recorder.
+        resources = gateway.open_attempt(recorder, resources, rollout.resources_id)
+    route = gateway.routes.get((task.rollout_id, rollout.attempt_id)) if gateway else None
     sent: list[asyncio.Future[RecordMetadata]] = []
 
     async def pump() -> None:
@@ -74,6 +81,8 @@ async def execute(
         current_recorder.set(recorder)
         attributes = {"agl.rollout_id": task.rollout_id, "agl.attempt_id": rollout.attempt_id}
         with tracer().start_as_current_span(ATTEMPT_SPAN, attributes=attributes):
+            if route is not None:
+                route.parent = otel_context.get_current()
             result = await agent.rollout_async(json.loads(task.input_json), resources, rollout)
             if isinstance(result, int | float) and not isinstance(result, bool):
                 emit_reward(float(result))
@@ -81,9 +90,15 @@ async def execute(
 
     agent_task = asyncio.create_task(call_agent())
     handle.agent_task = agent_task
-    status, error, cancelled = await _supervise(
-        agent_task, task, recorder, handle, pump, flush_seconds
-    )
+    try:
+        status, error, cancelled = await _supervise(
+            agent_task, task, recorder, handle, pump, flush_seconds
+        )
+    finally:
+        if gateway is not None:
+            # Calls still in flight end (or are cancelled and recorded as failed) first, so
+            # the span count below includes every call the gateway saw for this attempt.
+            await gateway.close_attempt(task.rollout_id, rollout.attempt_id)
     span_count = recorder.close()
     await pump()
     if sent:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from agl_stream.config import KafkaSettings
 from agl_stream.events import ResourcesPublished
+from agl_stream.kafka import consumer
+from agl_stream.streams import EventStream, Topics, read_partitions
 
 
 @dataclass
@@ -46,3 +52,31 @@ class ResourceCache:
         if pinned is None:
             return self.latest
         return self.versions[pinned]
+
+
+async def follow_resources(
+    kafka: KafkaSettings,
+    producer: AIOKafkaProducer,
+    cache: ResourceCache,
+    name: str,
+    loaded: Callable[[], None] = lambda: None,
+) -> None:
+    """Fold the compacted resources topic into `cache` from its start (then call `loaded`),
+    and go on folding what is published. Undecodable records go to the dead-letter topic."""
+    topics = Topics(kafka)
+    topic = topics.name("resources")
+    tps = [TopicPartition(topic, p) for p in range(topics.specs["resources"].partitions)]
+    ends: dict[TopicPartition, int] = {}
+    for event in await read_partitions(kafka, tps, ends):
+        if isinstance(event, ResourcesPublished):
+            cache.apply(event)
+    loaded()
+    async with consumer(kafka) as follower:
+        follower.assign(tps)
+        for tp in tps:
+            follower.seek(tp, ends.get(tp, 0))
+        stream = EventStream(follower, producer, topics, f"{name}/resources")
+        while True:
+            for item in await stream.next_batch(timeout_ms=1000):
+                if isinstance(item.event, ResourcesPublished):
+                    cache.apply(item.event)

@@ -33,7 +33,6 @@ from agl_stream.events import (
     AttemptStatus,
     ErrorInfo,
     Event,
-    ResourcesPublished,
     RolloutCancelled,
     RolloutFinished,
     RolloutQueued,
@@ -42,12 +41,13 @@ from agl_stream.events import (
     WorkerRole,
     WorkerStatus,
 )
+from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import consumer, producer
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
-from agl_stream.runner.resources import ResourceCache
+from agl_stream.runner.resources import ResourceCache, follow_resources
 from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics, read_partitions
 from agl_stream.topic_admin import ensure_topics_ready
 
@@ -79,6 +79,11 @@ class RunnerConfig:
     # Batching: every produce request is a write on the broker's storage; a short linger
     # collects the spans and lifecycle events of many concurrent attempts into one.
     linger_ms: int = 10
+    # The LLM gateway in this process: agents' LLM resources point at it (per-attempt URLs),
+    # it records every call into the attempt. Port 0: any free port.
+    gateway: bool = True
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 0
 
 
 @dataclass
@@ -118,6 +123,7 @@ class Runner:
         self._publisher: EventPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._committed: dict[TopicPartition, int] = {}
+        self.gateway: Gateway | None = None
 
     @property
     def publisher(self) -> EventPublisher:
@@ -131,6 +137,9 @@ class Runner:
         async with producer(self.kafka, linger_ms=self.config.linger_ms) as prod:
             self._producer = prod
             self._publisher = EventPublisher(prod, self.topics)
+            if self.config.gateway:
+                self.gateway = Gateway(publisher=self._publisher)
+                await self.gateway.start(self.config.gateway_host, self.config.gateway_port)
             await self._heartbeat(WorkerStatus.STARTING)
             resources = asyncio.create_task(self._follow_resources())
             await self._resources_loaded.wait()
@@ -154,6 +163,8 @@ class Runner:
             finally:
                 heartbeats.cancel()
                 resources.cancel()
+                if self.gateway is not None:
+                    await self.gateway.stop()
                 await self._heartbeat(WorkerStatus.STOPPED)
 
     # -- the loop -------------------------------------------------------------------------
@@ -286,8 +297,9 @@ class Runner:
             resources = dict(version.resources) if version else {}
             handle = self.in_flight[key].handle
             outcome = await execute(
-                self.config.agent, task, rollout, resources, self.publisher, handle
-            )
+                self.config.agent, task, rollout, resources, self.publisher, handle,
+                gateway=self.gateway,
+            )  # fmt: skip
         await started
         finished = AttemptFinished(
             rollout_id=task.rollout_id, attempt_id=attempt_id,
@@ -394,25 +406,11 @@ class Runner:
     # -- resources, heartbeats -----------------------------------------------------------------
 
     async def _follow_resources(self) -> None:
-        """Fold the compacted resources topic from its start, then follow it."""
-        topic = self.topics.name("resources")
-        tps = [TopicPartition(topic, p) for p in range(self.topics.specs["resources"].partitions)]
-        ends: dict[TopicPartition, int] = {}
-        for event in await read_partitions(self.kafka, tps, ends):
-            if isinstance(event, ResourcesPublished):
-                self.resources.apply(event)
-        self._resources_loaded.set()
         assert self._producer is not None
-        async with consumer(self.kafka) as follower:
-            follower.assign(tps)
-            for tp in tps:
-                follower.seek(tp, ends.get(tp, 0))
-            name = f"{self.config.worker_id}/resources"
-            stream = EventStream(follower, self._producer, self.topics, name)
-            while True:
-                for item in await stream.next_batch(timeout_ms=1000):
-                    if isinstance(item.event, ResourcesPublished):
-                        self.resources.apply(item.event)
+        await follow_resources(
+            self.kafka, self._producer, self.resources, self.config.worker_id,
+            loaded=self._resources_loaded.set,
+        )  # fmt: skip
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -429,9 +427,15 @@ class Runner:
                 worker_id=self.config.worker_id, role=WorkerRole.RUNNER, status=status,
                 hostname=socket.gethostname(), pid=os.getpid(),
                 current_rollouts=tuple(sorted({key[0] for key in self.in_flight})),
-                counts=dict(self.counts), interval_seconds=self.config.heartbeat_seconds,
+                counts=self._counts(), interval_seconds=self.config.heartbeat_seconds,
             ),
         )  # fmt: skip
+
+    def _counts(self) -> dict[str, int]:
+        counts = dict(self.counts)
+        if self.gateway is not None:
+            counts.update({f"gateway_{k}": v for k, v in self.gateway.counts.items()})
+        return counts
 
 
 async def _first(*aws: Coroutine[Any, Any, Any], within: float | None = None) -> None:

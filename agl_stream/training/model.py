@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     import torch
 
 TINY = "tiny"
+TINY_CHAT = "tiny-chat"
+CHAT_SPECIALS = ("<pad>", "<bos>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 # The tiny model's words: what the demo's task speaks. Specials first, as tokenizers expect.
 TINY_WORDS = ("<pad>", "<bos>", "<eos>", "<unk>", "a", "b", "c", "d", "e")
 
@@ -43,9 +49,8 @@ class Policy:
 def tiny_policy(seed: int = 0) -> Policy:
     """A two-layer Llama over TINY_WORDS, randomly initialised from `seed`."""
     quiet_transformers()
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {word: i for i, word in enumerate(TINY_WORDS)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -57,23 +62,54 @@ def tiny_policy(seed: int = 0) -> Policy:
         pad_token="<pad>",
         unk_token="<unk>",
     )
+    return Policy(_tiny_llama(tokenizer, len(vocab), 64, seed, TINY), tokenizer)
+
+
+def tiny_chat_policy(seed: int = 0) -> Policy:
+    """A two-layer Llama over bytes (byte-level BPE with no merges, so any text round-trips
+    exactly) with a chat template: what the gateway and policy server are tested with."""
+    quiet_transformers()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate((*CHAT_SPECIALS, *alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<|end|>",
+        pad_token="<pad>",
+        additional_special_tokens=list(CHAT_SPECIALS[3:]),
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return Policy(_tiny_llama(tokenizer, len(vocab), 256, seed, TINY_CHAT), tokenizer)
+
+
+def _tiny_llama(tokenizer: Any, vocab_size: int, context: int, seed: int, name: str) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
-        vocab_size=len(vocab),
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=64,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
-        bos_token_id=vocab["<bos>"],
-        eos_token_id=vocab["<eos>"],
-        pad_token_id=vocab["<pad>"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.config._name_or_path = TINY
-    return Policy(model, tokenizer)
+    model.config._name_or_path = name
+    return model
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -90,8 +126,12 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def initial_policy(spec: str, seed: int) -> Policy:
-    """`tiny` or the path of a local checkpoint."""
-    return tiny_policy(seed) if spec == TINY else load_policy(spec)
+    """`tiny`, `tiny-chat` or the path of a local checkpoint."""
+    if spec == TINY:
+        return tiny_policy(seed)
+    if spec == TINY_CHAT:
+        return tiny_chat_policy(seed)
+    return load_policy(spec)
 
 
 def save_policy(policy: Policy, directory: Path) -> None:

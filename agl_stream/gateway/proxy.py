@@ -1,0 +1,343 @@
+"""The gateway: an OpenAI-compatible HTTP endpoint in front of any OpenAI-compatible upstream.
+Each call is forwarded (streams as streams), then recorded whole as one `agl.llm.call` span
+of the attempt its URL names, with token ids and logprobs asked of the upstream. Upstream
+errors reach the agent as the upstream gave them; a dead or silent upstream becomes a 502 or
+504 in OpenAI's error shape (mid-stream: an error event), and the call is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from opentelemetry.context import Context
+
+from agl_stream.agent.llm import LLMCall, record_llm_call
+from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
+from agl_stream.events import LLM
+from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog
+from agl_stream.gateway.routes import (
+    ENDPOINTS,
+    RESOURCES_HEADER,
+    Identity,
+    attempt_base_url,
+    parse_path,
+    upstream_url,
+)
+from agl_stream.gateway.wire import (
+    BadRequest,
+    CallKind,
+    CallRecord,
+    SSEDecoder,
+    error_body,
+    parse_request,
+    prepare_request,
+    read_chunk,
+)
+from agl_stream.streams import EventPublisher
+
+FORWARDED_HEADERS = ("Authorization", "OpenAI-Organization", "OpenAI-Project", "Accept")
+PUMP_SECONDS = 0.2
+
+
+class UpstreamFailed(Exception):
+    """The upstream could not be reached, broke off, or did not answer in time."""
+
+
+class Gateway:
+    """Routes per attempt (registered by the runner that runs it) and a default upstream for
+    calls with no attempt. `publisher` sends the unattributed calls' spans."""
+
+    def __init__(
+        self,
+        default_upstream: str | None = None,
+        publisher: EventPublisher | None = None,
+        upstream_timeout: float = 600.0,
+    ) -> None:
+        self.default_upstream = default_upstream
+        self.publisher = publisher
+        self.upstream_timeout = upstream_timeout
+        self.routes: dict[tuple[str, str], AttemptRoute] = {}
+        self.log = CallLog()
+        self.url = ""
+        self.counts: dict[str, int] = {"calls": 0, "failed": 0, "unattributed": 0}
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    # -- attempts ---------------------------------------------------------------------------
+
+    def open_attempt(
+        self,
+        recorder: AttemptRecorder,
+        resources: Mapping[str, Any],
+        resources_id: str | None,
+        parent: Context | None = None,
+    ) -> dict[str, Any]:
+        """Register an attempt; returns its resources with every LLM pointed at this gateway."""
+        upstreams = {name: r.endpoint for name, r in resources.items() if isinstance(r, LLM)}
+        key = (recorder.rollout_id, recorder.attempt_id)
+        self.routes[key] = AttemptRoute(recorder, upstreams, resources_id, parent)
+        routed = dict(resources)
+        for name in upstreams:
+            identity = Identity(recorder.rollout_id, recorder.attempt_id, name)
+            routed[name] = resources[name].model_copy(
+                update={"endpoint": attempt_base_url(self.url, identity)}
+            )
+        return routed
+
+    async def close_attempt(self, rollout_id: str, attempt_id: str, grace: float = 5.0) -> None:
+        """Let the attempt's calls in flight end (or cancel them after `grace`); later calls
+        on its URL are refused."""
+        route = self.routes.get((rollout_id, attempt_id))
+        if route is not None:
+            await route.drain(grace)
+            del self.routes[(rollout_id, attempt_id)]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        Tracing.install()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{bound}"
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=self.upstream_timeout),
+        )
+        if self.publisher is not None:
+            self._pump = asyncio.create_task(self._pump_log())
+        return self.url
+
+    async def stop(self) -> None:
+        for route in list(self.routes.values()):
+            await route.drain(1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+        await self._send_log()
+
+    async def _pump_log(self) -> None:
+        while True:
+            await asyncio.sleep(PUMP_SECONDS)
+            await self._send_log()
+
+    async def _send_log(self) -> None:
+        if self.publisher is None:
+            return
+        sent = [await self.publisher.send("spans", event) for event in self.log.drain()]
+        if sent:
+            await asyncio.gather(*sent)
+
+    # -- one call ---------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            identity, endpoint = parse_path(request.path)
+        except ValueError as exc:
+            return _error(404, str(exc), "not_found")
+        route = self.routes.get((identity.rollout_id, identity.attempt_id)) if identity else None
+        if identity is not None and route is None:
+            message = (
+                f"attempt {identity.attempt_id} of rollout {identity.rollout_id} is not running "
+                "behind this gateway (it ended, or runs in another runner)"
+            )
+            return _error(410, message, "attempt_not_running")
+        upstream = self._upstream(identity, route)
+        if upstream is None:
+            return _error(404, "this gateway has no upstream for calls without an attempt URL")
+        kind = ENDPOINTS.get(endpoint)
+        if kind is None or request.method != "POST":
+            return await self._pass_through(request, upstream_url(upstream, endpoint))
+        task = asyncio.current_task()
+        if route is not None and task is not None:
+            route.calls.add(task)
+        try:
+            return await self._call(request, kind, upstream_url(upstream, endpoint), route)
+        finally:
+            if route is not None and task is not None:
+                route.calls.discard(task)
+
+    def _upstream(self, identity: Identity | None, route: AttemptRoute | None) -> str | None:
+        if identity is None or route is None:
+            return self.default_upstream
+        return route.upstreams.get(identity.resource)
+
+    async def _call(
+        self, request: web.Request, kind: CallKind, url: str, route: AttemptRoute | None
+    ) -> web.StreamResponse:
+        try:
+            body = parse_request(await request.read())
+        except BadRequest as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        record = CallRecord(kind, body)
+        started = time.time_ns()
+        clock = time.monotonic()
+        recorded = _Recorded(self, route, record, started)
+        if route is not None:
+            route.recorder.touch()
+        try:
+            if body.get("stream"):
+                return await self._stream(request, url, body, recorded)
+            return await self._whole(request, url, body, recorded)
+        except asyncio.CancelledError:
+            recorded.finish(None, "cancelled: the attempt ended before the call did", clock)
+            raise
+        finally:
+            recorded.finish(None, "the call ended without an answer", clock)
+
+    async def _whole(
+        self, request: web.Request, url: str, body: dict[str, Any], recorded: _Recorded
+    ) -> web.StreamResponse:
+        clock = time.monotonic()
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                url, json=prepare_request(recorded.record.kind, body), headers=_headers(request)
+            ) as upstream:
+                raw = await upstream.read()
+                served_by = upstream.headers.get(RESOURCES_HEADER)
+                status, content_type = upstream.status, upstream.content_type
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failure = _failure(exc)
+            recorded.finish(None, failure, clock)
+            return _error(504 if isinstance(exc, TimeoutError) else 502, failure, "upstream_error")
+        if status >= 400:
+            recorded.finish(served_by, f"upstream answered {status}: {raw[:500]!r}", clock)
+        else:
+            try:
+                recorded.record.add_response(json.loads(raw))
+                recorded.finish(served_by, None, clock)
+            except (ValueError, TypeError, KeyError) as exc:
+                recorded.finish(served_by, f"upstream answer unreadable: {exc}", clock)
+        headers = {RESOURCES_HEADER: served_by} if served_by else {}
+        return web.Response(status=status, body=raw, content_type=content_type, headers=headers)
+
+    async def _stream(
+        self, request: web.Request, url: str, body: dict[str, Any], recorded: _Recorded
+    ) -> web.StreamResponse:
+        clock = time.monotonic()
+        assert self._session is not None
+        response: web.StreamResponse | None = None
+        decoder = SSEDecoder()
+        served_by: str | None = None
+        try:
+            async with self._session.post(
+                url, json=prepare_request(recorded.record.kind, body), headers=_headers(request)
+            ) as upstream:
+                served_by = upstream.headers.get(RESOURCES_HEADER)
+                if upstream.status >= 400:
+                    raw = await upstream.read()
+                    recorded.finish(
+                        served_by, f"upstream answered {upstream.status}: {raw[:500]!r}", clock
+                    )
+                    return web.Response(
+                        status=upstream.status, body=raw, content_type=upstream.content_type
+                    )
+                headers = {
+                    "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                    "Cache-Control": "no-cache",
+                }
+                if served_by:
+                    headers[RESOURCES_HEADER] = served_by
+                response = web.StreamResponse(status=upstream.status, headers=headers)
+                await response.prepare(request)
+                async for data in upstream.content.iter_any():
+                    await response.write(data)
+                    for event in decoder.feed(data):
+                        chunk = read_chunk(event)
+                        if chunk is not None:
+                            recorded.record.add_chunk(chunk)
+                    if recorded.route is not None:
+                        recorded.route.recorder.touch()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failure = _failure(exc)
+            recorded.finish(served_by, failure, clock)
+            if response is None:
+                return _error(
+                    504 if isinstance(exc, TimeoutError) else 502, failure, "upstream_error"
+                )
+            # Headers are gone: tell the client in the stream, as OpenAI's servers do.
+            await response.write(b"data: " + error_body(failure, "upstream_error") + b"\n\n")
+            return response
+        recorded.finish(served_by, None, clock)
+        await response.write_eof()
+        return response
+
+    async def _pass_through(self, request: web.Request, url: str) -> web.StreamResponse:
+        """Anything else (GET /v1/models, embeddings): forwarded, not recorded."""
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                request.method, url, data=await request.read(), headers=_headers(request)
+            ) as upstream:
+                raw = await upstream.read()
+                return web.Response(
+                    status=upstream.status, body=raw, content_type=upstream.content_type
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _error(502, _failure(exc), "upstream_error")
+
+
+class _Recorded:
+    """Records a call exactly once, whichever way it ends."""
+
+    def __init__(
+        self, gateway: Gateway, route: AttemptRoute | None, record: CallRecord, started: int
+    ) -> None:
+        self.gateway = gateway
+        self.route = route
+        self.record = record
+        self.started = started
+        self.done = False
+
+    def finish(self, served_by: str | None, error: str | None, clock: float) -> None:
+        if self.done:
+            return
+        self.done = True
+        extra: dict[str, Any] = {"agl.gateway.latency_ms": (time.monotonic() - clock) * 1000}
+        if self.record.chunks:
+            extra["agl.gateway.stream_chunks"] = self.record.chunks
+        route = self.route
+        resources_id = served_by or (route.resources_id if route is not None else None)
+        call: LLMCall = self.record.call(resources_id, extra)
+        recorder = route.recorder if route is not None else self.gateway.log
+        self.gateway.counts["calls"] += 1
+        self.gateway.counts["failed"] += error is not None
+        self.gateway.counts["unattributed"] += recorder.rollout_id == UNATTRIBUTED
+        token = current_recorder.set(recorder)
+        try:
+            parent = route.parent if route is not None else None
+            record_llm_call(call, self.started, error, parent=parent or Context())
+        finally:
+            current_recorder.reset(token)
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "the upstream did not answer in time"
+    return f"the upstream failed: {type(exc).__name__}: {exc}"
+
+
+def _error(status: int, message: str, kind: str = "gateway_error") -> web.Response:
+    return web.Response(
+        status=status, body=error_body(message, kind), content_type="application/json"
+    )

@@ -1,0 +1,64 @@
+"""Who a gateway call is recorded for: a running attempt (its recorder numbers the span in the
+attempt's sequence, so the terminal event's span count includes it) or, for calls with no
+attempt, the gateway's own log of unattributed calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan
+
+from agl_stream.agent.spans import to_event
+from agl_stream.agent.tracing import AttemptRecorder
+from agl_stream.events import SpanRecorded
+
+# The rollout id of calls that reached a gateway without an attempt's URL.
+UNATTRIBUTED = "unattributed"
+
+
+@dataclass
+class AttemptRoute:
+    """A running attempt as the gateway knows it: where its LLM resources point upstream,
+    whom to record for, and the calls it has in flight."""
+
+    recorder: AttemptRecorder
+    upstreams: Mapping[str, str]  # LLM resource name -> upstream base URL
+    resources_id: str | None
+    parent: Context | None = None
+    calls: set[asyncio.Task[object]] = field(default_factory=set)
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Wait for calls in flight to end; cancel those still running after the grace (each
+        records itself as failed), so the recorder can be closed with an exact count."""
+        pending = {t for t in self.calls if not t.done()}
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=grace_seconds)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=grace_seconds)
+
+
+class CallLog(AttemptRecorder):
+    """Calls that carry no attempt: one open-ended 'attempt' per gateway process (rollout
+    UNATTRIBUTED, attempt = this process), numbered from 0, handed out in batches to send."""
+
+    def __init__(self) -> None:
+        super().__init__(UNATTRIBUTED, f"gateway-{socket.gethostname()}-{os.getpid()}")
+        self._next = 0
+
+    def record(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self._events.append(to_event(span, self.rollout_id, self.attempt_id, self._next))
+            self._next += 1
+
+    def drain(self) -> list[SpanRecorded]:
+        with self._lock:
+            events, self._events = self._events, []
+            return events

@@ -1,0 +1,230 @@
+"""`agl-stream serve`: a policy behind the OpenAI API, with token ids and logprobs in every
+answer and the resources version that answered in `system_fingerprint` and a header. It
+serves a fixed model, or follows the resources topic (the latest version, or a pinned one)
+and reloads when a new checkpoint is published."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from agl_stream.events import Checkpoint
+from agl_stream.gateway.routes import RESOURCES_HEADER
+from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
+from agl_stream.runner.resources import ResourceCache
+from agl_stream.serving.api import (
+    Answered,
+    Detokenizer,
+    Generation,
+    InvalidRequest,
+    chunk_body,
+    new_id,
+    read_generation,
+    render_prompt,
+    response_body,
+)
+from agl_stream.serving.engine import Batcher, Job, Loaded
+from agl_stream.training.local_llm import local_llm
+
+log = logging.getLogger(__name__)
+ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.COMPLETION}
+
+
+class PolicyServer:
+    def __init__(self, model_name: str = "policy", max_batch: int = 32) -> None:
+        self.model_name = model_name
+        self.max_batch = max_batch
+        self.batcher: Batcher | None = None
+        self.reloads = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    @property
+    def resources_id(self) -> str | None:
+        return self.batcher.loaded.resources_id if self.batcher else None
+
+    def load(self, loaded: Loaded) -> None:
+        """Serve `loaded` from the next batch on."""
+        loaded.policy.model.eval()
+        if self.batcher is None:
+            self.batcher = Batcher(loaded, self.max_batch)
+            self._tasks.append(asyncio.create_task(self.batcher.run()))
+        else:
+            self.batcher.swap(loaded)
+            self.reloads += 1
+        log.info("serving %s", loaded.resources_id)
+
+    async def follow(self, cache: ResourceCache, resource: str, pin: str | None) -> None:
+        """Keep serving the pinned version, or the latest one that has `resource`."""
+        while True:
+            version = cache.versions.get(pin) if pin else cache.latest
+            checkpoint = version.resources.get(resource) if version else None
+            if (
+                version is not None
+                and isinstance(checkpoint, Checkpoint)
+                and version.resources_id != self.resources_id
+            ):
+                try:
+                    llm = await asyncio.to_thread(local_llm, checkpoint)
+                    self.load(Loaded(llm.policy, version.resources_id))
+                except (ValueError, OSError) as exc:
+                    log.error("cannot load %s: %s", version.resources_id, exc)
+            await asyncio.sleep(0.2)
+
+    async def start(self, host: str, port: int) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": self.model_name, "object": "model", "owned_by": "agl-stream"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        batches = self.batcher.batches if self.batcher else 0
+        body = {"resources_id": self.resources_id, "reloads": self.reloads, "batches": batches}
+        return web.json_response(body, status=200 if self.batcher else 503)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        kind = ENDPOINTS[request.path]
+        if self.batcher is None:
+            return _error(503, "no policy version has been published yet", "not_ready")
+        loaded = self.batcher.loaded
+        tokenizer = loaded.policy.tokenizer
+        context = int(getattr(loaded.policy.model.config, "max_position_embeddings", 2048))
+        try:
+            generation = read_generation(kind, parse_request(await request.read()), context)
+            text = render_prompt(tokenizer, generation)
+        except (BadRequest, InvalidRequest) as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        prompt_ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not prompt_ids:
+            return _error(400, "the prompt is empty", "invalid_request_error")
+        if len(prompt_ids) + generation.max_tokens > context:
+            message = (
+                f"the prompt ({len(prompt_ids)} tokens) and max_tokens "
+                f"({generation.max_tokens}) exceed the model's context of {context}"
+            )
+            return _error(400, message, "invalid_request_error")
+        if generation.stream:
+            return await self._stream(request, generation, prompt_ids)
+        job = _job(generation, prompt_ids, lambda token, logprob: None)
+        resources_id = await self.batcher.submit(job)
+        answered = _answered(tokenizer, generation, job, resources_id)
+        body = response_body(new_id(kind), self.model_name, answered, kind)
+        return web.json_response(body, headers={RESOURCES_HEADER: resources_id})
+
+    async def _stream(
+        self, request: web.Request, generation: Generation, prompt_ids: list[int]
+    ) -> web.StreamResponse:
+        assert self.batcher is not None
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+        job = _job(
+            generation,
+            prompt_ids,
+            lambda token, logprob: loop.call_soon_threadsafe(tokens.put_nowait, (token, logprob)),
+        )
+        done = asyncio.create_task(self.batcher.submit(job))
+        done.add_done_callback(lambda _: tokens.put_nowait(None))
+        tokenizer = self.batcher.loaded.policy.tokenizer
+        call_id, kind = new_id(generation.kind), generation.kind
+        detokenizer = Detokenizer(tokenizer, generation.skip_special_tokens)
+        response: web.StreamResponse | None = None
+        while (item := await tokens.get()) is not None:
+            token, logprob = item
+            first = response is None
+            if response is None:
+                # Prepared at the first token: by then the batch has said which version answers.
+                response = await _event_stream(request, job.resources_id)
+            delta = detokenizer.push(token)
+            await _send(
+                response,
+                chunk_body(
+                    call_id, self.model_name, kind, job.resources_id, delta, [token],
+                    [_token_text(tokenizer, token)], [logprob],
+                    prompt_token_ids=prompt_ids if first else None,
+                ),
+            )  # fmt: skip
+        failure = done.exception()
+        if response is None:
+            return _error(500, f"generation failed: {failure}", "server_error")
+        if failure is not None:
+            await response.write(b"data: " + error_body(f"generation failed: {failure}") + b"\n\n")
+            return response
+        final = chunk_body(
+            call_id, self.model_name, kind, job.resources_id, detokenizer.finish(),
+            finish_reason=job.finish_reason,
+        )  # fmt: skip
+        await _send(response, final)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _event_stream(request: web.Request, resources_id: str) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                 RESOURCES_HEADER: resources_id},
+    )  # fmt: skip
+    await response.prepare(request)
+    return response
+
+
+async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+
+def _job(generation: Generation, prompt_ids: list[int], on_token: Any) -> Job:
+    return Job(
+        prompt_ids=prompt_ids,
+        max_tokens=generation.max_tokens,
+        temperature=generation.temperature,
+        seed=generation.seed,
+        on_token=on_token,
+    )
+
+
+def _token_text(tokenizer: Any, token: int) -> str:
+    return str(tokenizer.decode([token], skip_special_tokens=False))
+
+
+def _answered(tokenizer: Any, generation: Generation, job: Job, resources_id: str) -> Answered:
+    return Answered(
+        prompt_token_ids=job.prompt_ids,
+        token_ids=job.token_ids,
+        logprobs=job.logprobs,
+        tokens=[_token_text(tokenizer, t) for t in job.token_ids],
+        text=str(
+            tokenizer.decode(job.token_ids, skip_special_tokens=generation.skip_special_tokens)
+        ),
+        finish_reason=job.finish_reason,
+        resources_id=resources_id,
+    )
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(message, kind), content_type="application/json"
+    )
