@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -86,6 +87,15 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def run(coro: Coroutine[Any, Any, R]) -> R:
     return asyncio.run(coro)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 _OFFSET = re.compile(r"^([A-Za-z0-9._-]+):(\d+)=(\d+)$")

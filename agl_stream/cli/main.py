@@ -13,6 +13,7 @@ from agl_stream.cli import (
     query,
     replay,
     schemas,
+    serving,
     stack,
     status,
     topics,
@@ -55,6 +56,8 @@ def cli(
 
 
 cli.add_command(demo.demo)
+cli.add_command(serving.serve)
+cli.add_command(serving.gateway)
 cli.add_command(stack.up)
 cli.add_command(stack.down)
 cli.add_command(status.status)

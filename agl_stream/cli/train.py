@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -12,7 +11,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, parse_offsets
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    friendly_errors,
+    parse_offsets,
+    stop_on_signals,
+)
 from agl_stream.cli.times import TIME
 from agl_stream.training.trajectories import TRAINED_TOPICS
 
@@ -103,11 +108,7 @@ def run_trainer(app: AppContext, config: Any) -> None:
     )
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await trainer.run(stop)
+        await trainer.run(stop_on_signals())
 
     asyncio.run(main())
     console.print(

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import Any
 
 import click
 
 from agl_stream.agent.api import load_agent
-from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_signals
 from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
 from agl_stream.config import current_role
 from agl_stream.projection.projector import Projector, ProjectorConfig
@@ -176,8 +175,4 @@ def worker(
 
 
 async def _run_until_signal(runner: Runner | Projector) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await runner.run(stop)
+    await runner.run(stop_on_signals())

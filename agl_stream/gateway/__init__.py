@@ -1,0 +1,1 @@
+"""The LLM gateway: OpenAI-compatible calls forwarded upstream and recorded as spans."""

@@ -1,0 +1,171 @@
+"""`agl-stream serve` (the policy server) and `agl-stream gateway` (the LLM gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from agl_stream.cli.common import AppContext, console, friendly_errors, reaching, stop_on_signals
+
+
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL", param_hint="--upstream")
+    return value.rstrip("/")
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--model",
+    "model_spec",
+    metavar="tiny|tiny-chat|DIR",
+    help="Serve this model as it is, instead of following the resources topic.",
+)
+@click.option(
+    "--resource",
+    default="policy",
+    show_default=True,
+    help="Name of the checkpoint resource to serve from each resources version.",
+)
+@click.option("--pin", metavar="RESOURCES_ID", help="Serve this resources version, not the latest.")
+@click.option(
+    "--served-model-name", default="policy", show_default=True, help="Model name in answers."
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 1024),
+    default=32,
+    show_default=True,
+    help="Most requests generated together.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of tiny models.")
+@click.option("-v", "--verbose", is_flag=True, help="Log loads and reloads.")
+@click.pass_obj
+@friendly_errors
+def serve(
+    app: AppContext,
+    /,
+    host: str,
+    port: int,
+    model_spec: str | None,
+    resource: str,
+    pin: str | None,
+    served_model_name: str,
+    max_batch: int,
+    seed: int,
+    verbose: bool,
+) -> None:
+    """Serve a policy behind the OpenAI API (chat completions and completions, streaming or
+    not), with token ids and logprobs in every answer.
+
+    By default it follows the resources topic: it serves the latest version's checkpoint
+    (or the --pin'ned one), reloads when a new one is published, and says which version
+    answered (`system_fingerprint` and the X-AGL-Resources-Id header). It runs the model
+    with torch on the CPU, batching concurrent requests.
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    from agl_stream.serving.server import PolicyServer
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        server = PolicyServer(served_model_name, max_batch)
+        if model_spec is not None:
+            from agl_stream.serving.engine import Loaded
+            from agl_stream.training.model import initial_policy
+
+            try:
+                policy = await asyncio.to_thread(initial_policy, model_spec, seed)
+            except (ValueError, OSError) as exc:
+                raise click.BadParameter(str(exc), param_hint="--model") from None
+            server.load(Loaded(policy, f"model:{model_spec}"))
+        with reaching(f"{host}:{port}"):
+            url = await server.start(host, port)
+        console.print(f"serving {served_model_name} on {url}/v1", highlight=False)
+        follower = None if model_spec else asyncio.create_task(_follow(app, server, resource, pin))
+        try:
+            await _until(stop, follower)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+async def _follow(app: AppContext, server: object, resource: str, pin: str | None) -> None:
+    from agl_stream.kafka import producer
+    from agl_stream.runner.resources import ResourceCache, follow_resources
+    from agl_stream.serving.server import PolicyServer
+
+    assert isinstance(server, PolicyServer)
+    cache = ResourceCache()
+    kafka = app.kafka()
+    async with producer(kafka) as prod:
+        await asyncio.gather(
+            follow_resources(kafka, prod, cache, "policy-server"),
+            server.follow(cache, resource, pin),
+        )
+
+
+async def _until(stop: asyncio.Event, task: asyncio.Task[None] | None) -> None:
+    """Until a signal; a background task that fails ends the command with its error."""
+    waiter = asyncio.create_task(stop.wait())
+    pending = {waiter} | ({task} if task else set())
+    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    for other in pending - done:
+        other.cancel()
+    await asyncio.gather(*(pending - done), return_exceptions=True)
+    for finished in done:
+        finished.result()
+
+
+@click.command()
+@click.option(
+    "--upstream",
+    required=True,
+    metavar="URL",
+    help="OpenAI-compatible base URL calls go to, e.g. http://localhost:8000/v1.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8100, show_default=True)
+@click.option(
+    "--upstream-timeout",
+    type=click.FloatRange(0.1),
+    default=600.0,
+    show_default=True,
+    help="Seconds the upstream may stay silent before the call fails with a 504.",
+)
+@click.pass_obj
+@friendly_errors
+def gateway(
+    app: AppContext, /, upstream: str, host: str, port: int, upstream_timeout: float
+) -> None:
+    """Run an OpenAI-compatible gateway in front of --upstream that records every call.
+
+    Each runner runs a gateway of its own and hands each attempt a URL on it, so calls are
+    recorded into their attempt. This one is for calls from outside runners: they are
+    forwarded and recorded under the rollout id `unattributed` (attempt: this process).
+    """
+    from agl_stream.gateway.proxy import Gateway
+    from agl_stream.kafka import producer
+    from agl_stream.streams import EventPublisher, Topics
+
+    base = _url(upstream)
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        kafka = app.kafka()
+        async with producer(kafka) as prod:
+            proxy = Gateway(base, EventPublisher(prod, Topics(kafka)), upstream_timeout)
+            with reaching(f"{host}:{port}"):
+                url = await proxy.start(host, port)
+            console.print(f"gateway on {url}/v1 -> {base}", highlight=False)
+            try:
+                await stop.wait()
+            finally:
+                await proxy.stop()
+                console.print(f"gateway stopped: {proxy.counts}", highlight=False)
+
+    asyncio.run(main())

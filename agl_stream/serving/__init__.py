@@ -1,0 +1,1 @@
+"""The policy server: a checkpoint behind the OpenAI API, with token ids and logprobs."""

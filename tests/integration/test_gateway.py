@@ -1,0 +1,174 @@
+"""The gateway and the policy server through the real broker: agents written with the plain
+`openai` client (tests/openai_agents.py, no agl-stream import) run by a runner; every call is
+recorded in its attempt with token ids that decode to exactly what was sent and answered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from agl_stream.agent.llm import COMPLETION, PROMPT_JSON, PROMPT_TOKEN_IDS, RESOURCES_ID
+from agl_stream.agent.llm import RESPONSE_LOGPROBS, RESPONSE_TOKEN_IDS
+from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, SpanRecorded, StatusCode
+from agl_stream.kafka import producer
+from agl_stream.serving.engine import Loaded
+from agl_stream.serving.server import PolicyServer
+from agl_stream.streams import EventPublisher, Topics
+from agl_stream.training.model import tiny_chat_policy
+from tests.integration.helpers import eventually
+from tests.integration.runs import queue, runner_in_process, wait_terminal
+
+CALL = "agl.llm.call"
+
+
+async def publish_llm(kafka: KafkaSettings, endpoint: str) -> None:
+    async with producer(kafka) as prod:
+        await EventPublisher(prod, Topics(kafka)).publish(
+            "resources",
+            ResourcesPublished(
+                resources_id="llm-1", version=1,
+                resources={"llm": LLM(endpoint=endpoint, model="policy")},
+            ),
+        )  # fmt: skip
+
+
+def check_sequence(spans: list[SpanRecorded], span_count: int) -> None:
+    """Every span of the attempt once, numbered 0..span_count-1."""
+    assert sorted(s.sequence for s in spans) == list(range(span_count))
+
+
+def check_decodes(tokenizer: object, call: SpanRecorded) -> None:
+    """The recorded ids decode to the exact prompt the server saw and the exact answer."""
+    a = call.attributes
+    prompt = json.loads(str(a[PROMPT_JSON]))
+    if "messages" in prompt:
+        sent = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            prompt["messages"], tokenize=False, add_generation_prompt=True
+        )
+    else:
+        sent = prompt["text"]
+    assert tokenizer.decode(a[PROMPT_TOKEN_IDS], skip_special_tokens=False) == sent  # type: ignore[attr-defined]
+    answer = tokenizer.decode(a[RESPONSE_TOKEN_IDS], skip_special_tokens=True)  # type: ignore[attr-defined]
+    assert answer == a[COMPLETION]
+    assert len(a[RESPONSE_LOGPROBS]) == len(a[RESPONSE_TOKEN_IDS])  # type: ignore[arg-type]
+
+
+async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaSettings) -> None:
+    policy = tiny_chat_policy(seed=3)
+    server = PolicyServer()
+    server.load(Loaded(policy, "chat-v1"))
+    url = await server.start("127.0.0.1", 0)
+    await publish_llm(kafka, f"{url}/v1")
+    task = {
+        "system": "Answer in one word.",
+        "questions": ["Héllo, wörld?", "What is 2 + 2?", "And 😀 — why?", "Bye."],
+    }
+    ids = await queue(kafka, [task] * 3)
+    try:
+        async with runner_in_process(kafka, "tests.openai_agents:chat", concurrency=3):
+            h = await wait_terminal(kafka, ids, 90)
+    finally:
+        await server.stop()
+    for rollout_id in ids:
+        (finished,) = h.finished[rollout_id]
+        assert finished.status is AttemptStatus.SUCCEEDED, finished.error
+        spans = h.spans[finished.attempt_id]
+        check_sequence(spans, finished.span_count)
+        attempt_span = next(s for s in spans if s.name == "agl.attempt")
+        calls = sorted((s for s in spans if s.name == CALL), key=lambda s: s.end_time_unix_nano)
+        assert len(calls) == 5  # four chat turns and one completion
+        for call in calls:
+            check_decodes(policy.tokenizer, call)
+            assert call.status.code is not StatusCode.ERROR
+            assert call.attributes[RESOURCES_ID] == "chat-v1"
+            # In the attempt's trace, under its span: a trace reads as the agent ran.
+            assert (call.trace_id, call.parent_span_id) == (
+                attempt_span.trace_id, attempt_span.span_id,
+            )  # fmt: skip
+        # Multi-turn: each turn resends the conversation, with the answers as the agent got
+        # them (streamed ones assembled from deltas) - the same text the ids decode to.
+        for earlier, later in zip(calls[:3], calls[1:4], strict=True):
+            conversation = json.loads(str(later.attributes[PROMPT_JSON]))["messages"]
+            assert conversation[-2] == {
+                "role": "assistant", "content": earlier.attributes[COMPLETION],
+            }  # fmt: skip
+        streamed = [c for c in calls if c.attributes.get("agl.gateway.stream_chunks")]
+        assert len(streamed) == 2
+        assert json.loads(str(calls[-1].attributes[PROMPT_JSON])) == {"text": task["system"]}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def served(kafka: KafkaSettings, port: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`agl-stream serve --model tiny-chat` as a process, once it answers."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", "serve", "--model", "tiny-chat",
+        "--port", str(port), "--seed", "5",
+        env=child_environment(kafka), stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+    async def up() -> bool:
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/health") as response:
+                    return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    try:
+        await eventually(up, 60, "the policy server to answer")
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_killing_the_policy_server_mid_request(kafka: KafkaSettings) -> None:
+    port = free_port()
+    await publish_llm(kafka, f"http://127.0.0.1:{port}/v1")
+    ids = await queue(kafka, [{"calls": 12, "parallel": 3, "max_tokens": 200}], timeout_seconds=240)
+    async with runner_in_process(kafka, "tests.openai_agents:persistent") as runner:
+        async with served(kafka, port) as server:
+
+            async def busy() -> bool:
+                gateway = runner.gateway
+                assert gateway is not None
+                in_flight = any(route.calls for route in gateway.routes.values())
+                return gateway.counts["calls"] >= 2 and in_flight
+
+            await eventually(busy, 60, "calls in flight through the gateway")
+            server.kill()  # kill -9, mid-request
+            await server.wait()
+        await asyncio.sleep(1.0)  # calls in between find nothing listening
+        async with served(kafka, port):
+            h = await wait_terminal(kafka, ids, 120)
+    (finished,) = h.finished[ids[0]]
+    assert finished.status is AttemptStatus.SUCCEEDED, finished.error
+    spans = h.spans[finished.attempt_id]
+    check_sequence(spans, finished.span_count)
+    calls = [s for s in spans if s.name == CALL]
+    failed = [c for c in calls if c.status.code is StatusCode.ERROR]
+    completed = [c for c in calls if c.status.code is not StatusCode.ERROR]
+    # The agent's reward is 1000 x the calls it completed + the errors it was given.
+    assert finished.reward is not None
+    done, errors = divmod(int(finished.reward), 1000)
+    assert done >= 12 and errors >= 1
+    assert (len(completed), len(failed)) == (done, errors)
+    assert any("upstream failed" in (c.status.description or "") for c in failed)
+    policy = tiny_chat_policy(seed=5)
+    for call in completed:
+        check_decodes(policy.tokenizer, call)
