@@ -31,7 +31,7 @@ from agl_stream.agent.llm import (
     RESPONSE_LOGPROBS,
     RESPONSE_TOKEN_IDS,
 )
-from agl_stream.events import SpanRecorded
+from agl_stream.events import SpanRecorded, StatusCode
 from agl_stream.training.trajectories import REWARD_SPAN, Trajectory
 
 
@@ -77,8 +77,13 @@ class Adapted:
 
 
 def llm_calls(trajectory: Trajectory) -> list[SpanRecorded]:
-    """The LLM-call spans in the order the calls ended (then by sequence)."""
-    calls = [s for s in trajectory.spans if s.name == LLM_CALL_SPAN]
+    """The LLM-call spans that got an answer, in the order the calls ended (then by
+    sequence). A failed call (the upstream died, timed out, refused) produced no tokens."""
+    calls = [
+        s
+        for s in trajectory.spans
+        if s.name == LLM_CALL_SPAN and s.status.code is not StatusCode.ERROR
+    ]
     return sorted(calls, key=lambda s: (s.end_time_unix_nano, s.sequence))
 
 

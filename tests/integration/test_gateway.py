@@ -5,6 +5,7 @@ recorded in its attempt with token ids that decode to exactly what was sent and 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import sys
@@ -13,8 +14,14 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from agl_stream.agent.llm import COMPLETION, PROMPT_JSON, PROMPT_TOKEN_IDS, RESOURCES_ID
-from agl_stream.agent.llm import RESPONSE_LOGPROBS, RESPONSE_TOKEN_IDS
+from agl_stream.agent.llm import (
+    COMPLETION,
+    PROMPT_JSON,
+    PROMPT_TOKEN_IDS,
+    RESOURCES_ID,
+    RESPONSE_LOGPROBS,
+    RESPONSE_TOKEN_IDS,
+)
 from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, SpanRecorded, StatusCode
 from agl_stream.kafka import producer
@@ -94,7 +101,7 @@ async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaS
             )  # fmt: skip
         # Multi-turn: each turn resends the conversation, with the answers as the agent got
         # them (streamed ones assembled from deltas) - the same text the ids decode to.
-        for earlier, later in zip(calls[:3], calls[1:4], strict=True):
+        for earlier, later in itertools.pairwise(calls[:4]):
             conversation = json.loads(str(later.attributes[PROMPT_JSON]))["messages"]
             assert conversation[-2] == {
                 "role": "assistant", "content": earlier.attributes[COMPLETION],
@@ -122,9 +129,11 @@ async def served(kafka: KafkaSettings, port: int) -> AsyncIterator[asyncio.subpr
 
     async def up() -> bool:
         try:
-            async with aiohttp.ClientSession() as session:
-                async with session.get(f"http://127.0.0.1:{port}/health") as response:
-                    return response.status == 200
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/health") as response,
+            ):
+                return response.status == 200
         except aiohttp.ClientError:
             return False
 

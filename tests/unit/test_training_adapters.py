@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agl_stream.events import AttemptStatus
+from agl_stream.events import AttemptStatus, SpanStatus, StatusCode
 from agl_stream.training.advantages import group_advantages
 from agl_stream.training.batching import Groups, Staleness, StalePolicy, build_step
 from agl_stream.training.checkpoints import lineage_problems
@@ -190,3 +190,14 @@ def test_stale_trajectories_leave_their_groups_so_fresh_groups_fill_the_step() -
     evicted = groups.evict(lambda t: t.resources_id == "v1")
     assert [t.rollout_id for t in evicted] == ["1", "3"]
     assert not groups.ready() and groups.waiting() == 1
+
+
+def test_failed_calls_are_not_trained_on() -> None:
+    """A call the gateway recorded as failed (the upstream died mid-answer) gave the agent
+    nothing; the retry that answered is the triplet."""
+    failed = llm_span("r", "a", 0, 10, None, None).model_copy(
+        update={"status": SpanStatus(code=StatusCode.ERROR, description="upstream failed")}
+    )
+    adapted = build_triplets(trajectory([failed, llm_span("r", "a", 1, 20, [1], [2])]))
+    assert [t.response_ids for t in adapted.triplets] == [(2,)]
+    assert adapted.problems == []
