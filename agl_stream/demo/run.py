@@ -1,6 +1,7 @@
-"""The demo's driver: runners, a projector and a trainer as separate processes on the
-embedded stack; each time the trainer publishes a policy version, one step of tasks pinned to
-it is enqueued (on-policy GRPO), until the last step."""
+"""The demo's driver: runners, a projector, a trainer and a policy server as separate
+processes on the embedded stack; each time the trainer publishes a policy version, one step
+of tasks pinned to it is enqueued (on-policy GRPO), until the last step. The agent calls the
+policy through its runner's gateway, which records the token ids the trainer learns from."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from aiokafka import TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.demo.task import tasks
+from agl_stream.embedded.process import free_port
 from agl_stream.enqueue import RolloutOptions, make_rollout
-from agl_stream.events import ResourcesPublished, RolloutMode
+from agl_stream.events import LLM, ResourcesPublished, RolloutMode
 from agl_stream.kafka import consumer, end_offsets, producer
 from agl_stream.streams import EventPublisher, EventStream, Topics
 
@@ -46,6 +48,10 @@ class DemoConfig:
     def log_dir(self) -> Path:
         return self.out_dir / self.run_name / "logs"
 
+    @property
+    def endpoint_id(self) -> str:
+        return f"{self.run_name}-endpoint"
+
 
 @dataclass(frozen=True)
 class StepPoint:
@@ -58,14 +64,30 @@ def _worker_command(role: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", role, *extra]
 
 
+async def publish_endpoint(kafka: KafkaSettings, config: DemoConfig, port: int) -> None:
+    """The policy server as the run's LLM resource: published before the trainer starts, so
+    the trainer carries it into every version it publishes."""
+    llm = LLM(endpoint=f"http://127.0.0.1:{port}/v1", model="policy")
+    async with producer(kafka) as prod:
+        await EventPublisher(prod, Topics(kafka)).publish(
+            "resources",
+            ResourcesPublished(
+                resources_id=config.endpoint_id, version=0, resources={"llm": llm},
+                published_by="demo",
+            ),
+        )  # fmt: skip
+
+
 @contextmanager
 def workers(
-    config: DemoConfig, kafka: KafkaSettings, database: DatabaseSettings
+    config: DemoConfig, kafka: KafkaSettings, database: DatabaseSettings, port: int
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """The demo's processes, stopped (SIGTERM, then kill) on the way out."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
     env = child_environment(kafka, database)
+    serve = [sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port)]
     commands = {
+        "policy-server": serve,
         "trainer": _worker_command(
             "trainer", "--checkpoint-dir", str(config.checkpoint_dir.resolve()),
             "--run-name", config.run_name, "--group-size", str(config.group_size),
@@ -170,8 +192,12 @@ def run_demo(
     database: DatabaseSettings,
     on_step: Callable[[StepPoint], None],
 ) -> list[StepPoint]:
-    with workers(config, kafka, database) as processes:
-        names = ["trainer", "projector", *[f"runner-{i}" for i in range(config.runners)]]
+    port = free_port()
+    asyncio.run(publish_endpoint(kafka, config, port))
+    with workers(config, kafka, database, port) as processes:
+        names = [
+            "policy-server", "trainer", "projector", *[f"runner-{i}" for i in range(config.runners)]
+        ]  # fmt: skip
 
         def alive() -> str | None:
             for name, process in zip(names, processes, strict=True):

@@ -1,15 +1,21 @@
 """The demo's task: echo a letter. The agent is shown one of five letters and must answer
 with four words; each word that is the letter scores 1, any other letter 0.2, anything else
 0. A random policy scores about 0.2 (so GRPO has signal from the first step); a policy
-that learned the task scores 1."""
+that learned the task scores 1.
+
+`echo_letter` is written as users write agents: the plain `openai` client against the LLM
+resource it is given (the runner's gateway, in front of `agl-stream serve`).
+`echo_letter_in_process` samples the checkpoint inside the runner instead (no server)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import openai
+
 from agl_stream.agent import Rollout, rollout
-from agl_stream.events import Checkpoint
+from agl_stream.events import LLM, Checkpoint
 from agl_stream.training.local_llm import local_llm
 from agl_stream.training.model import set_threads
 
@@ -28,8 +34,17 @@ def tasks(rng: random.Random, count: int) -> list[dict[str, Any]]:
     return [{"letter": rng.choice(LETTERS)} for _ in range(count)]
 
 
+async def echo_letter(task: dict[str, Any], llm: LLM) -> float:
+    async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="unused") as client:
+        answer = await client.completions.create(
+            model=llm.model, prompt=f"<bos> {task['letter']}", max_tokens=ANSWER_WORDS,
+            temperature=1.0,
+        )  # fmt: skip
+    return score(task["letter"], answer.choices[0].text)
+
+
 @rollout
-def echo_letter(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> float:
+def echo_letter_in_process(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> float:
     set_threads(1)  # several rollouts share two cores: one torch thread each
     llm = local_llm(policy)
     answer = llm.complete(

@@ -207,7 +207,9 @@ class Gateway:
         assert self._session is not None
         try:
             async with self._session.post(
-                url, json=prepare_request(recorded.record.kind, body), headers=_headers(request)
+                url,
+                json=prepare_request(recorded.record.kind, body),
+                headers=_headers(request, recorded.route),
             ) as upstream:
                 raw = await upstream.read()
                 served_by = upstream.headers.get(RESOURCES_HEADER)
@@ -237,7 +239,9 @@ class Gateway:
         served_by: str | None = None
         try:
             async with self._session.post(
-                url, json=prepare_request(recorded.record.kind, body), headers=_headers(request)
+                url,
+                json=prepare_request(recorded.record.kind, body),
+                headers=_headers(request, recorded.route),
             ) as upstream:
                 served_by = upstream.headers.get(RESOURCES_HEADER)
                 if upstream.status >= 400:
@@ -283,7 +287,10 @@ class Gateway:
         assert self._session is not None
         try:
             async with self._session.request(
-                request.method, url, data=await request.read(), headers=_headers(request)
+                request.method,
+                url,
+                data=await request.read(),
+                headers=_headers(request, None),
             ) as upstream:
                 raw = await upstream.read()
                 return web.Response(
@@ -327,8 +334,12 @@ class _Recorded:
             current_recorder.reset(token)
 
 
-def _headers(request: web.Request) -> dict[str, str]:
-    return {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+def _headers(request: web.Request, route: AttemptRoute | None) -> dict[str, str]:
+    headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+    if route is not None and route.resources_id is not None:
+        # The version the attempt runs on: a policy server catches up to it before answering.
+        headers[RESOURCES_HEADER] = route.resources_id
+    return headers
 
 
 def _failure(exc: BaseException) -> str:

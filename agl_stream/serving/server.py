@@ -40,6 +40,9 @@ class PolicyServer:
         self.max_batch = max_batch
         self.batcher: Batcher | None = None
         self.reloads = 0
+        self.cache: ResourceCache | None = None  # what follow() folds: versions by id
+        self.catch_up_seconds = 10.0
+        self.resource = "policy"
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -61,6 +64,9 @@ class PolicyServer:
 
     async def follow(self, cache: ResourceCache, resource: str, pin: str | None) -> None:
         """Keep serving the pinned version, or the latest one that has `resource`."""
+        self.cache, self.resource = cache, resource
+        if pin is not None:
+            self.catch_up_seconds = 0.0  # pinned: that version answers everyone
         while True:
             version = cache.versions.get(pin) if pin else cache.latest
             checkpoint = version.resources.get(resource) if version else None
@@ -75,6 +81,30 @@ class PolicyServer:
                 except (ValueError, OSError) as exc:
                     log.error("cannot load %s: %s", version.resources_id, exc)
             await asyncio.sleep(0.2)
+
+    async def _catch_up(self, wanted: str | None) -> None:
+        """A caller that ran on a version newer than the one served (the gateway says which
+        its attempt has) waits, briefly, for the reload, so on-policy stays on-policy.
+        Older versions are answered by the current one; the answer says which."""
+        if wanted is None or self.cache is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_seconds
+        # Two things move the condition (the resources fold and the reload): poll both.
+        while loop.time() < deadline and self._behind(wanted):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+    def _behind(self, wanted: str) -> bool:
+        assert self.cache is not None
+        if wanted == self.resources_id:
+            return False
+        target = self.cache.versions.get(wanted)
+        current = self.cache.versions.get(self.resources_id or "")
+        if target is None:
+            return True  # not folded yet: the runner saw it, so it is on its way
+        if not isinstance(target.resources.get(self.resource), Checkpoint):
+            return False  # a version that changed other resources: the policy is the same
+        return current is None or target.version > current.version
 
     async def start(self, host: str, port: int) -> str:
         app = web.Application()
@@ -108,6 +138,7 @@ class PolicyServer:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         kind = ENDPOINTS[request.path]
+        await self._catch_up(request.headers.get(RESOURCES_HEADER))
         if self.batcher is None:
             return _error(503, "no policy version has been published yet", "not_ready")
         loaded = self.batcher.loaded

@@ -1,5 +1,6 @@
-"""The demo as the README runs it (fewer steps): separate runner, projector and trainer
-processes, and the reward rises clearly."""
+"""The demo as the README runs it (fewer steps): separate runner, projector, trainer and
+policy-server processes, the agent on the plain openai client through the runners' gateways,
+and the reward rises clearly."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def test_the_demo_learns(kafka: KafkaSettings, database: DatabaseSettings, tmp_p
     first, last = tenths(points)
     assert last >= 2 * first, [p.mean_reward for p in points]
     assert all(p.samples == config.groups_per_step * config.group_size for p in points)
-    assert lineage_problems(CheckpointStore(str(config.checkpoint_dir)).lineage()) == []
+    states = CheckpointStore(str(config.checkpoint_dir)).lineage()
+    assert lineage_problems(states) == []
+    # Learned from what the gateway recorded: every call came with its token ids.
+    assert all(s["counts"].get("calls_without_token_ids", 0) == 0 for s in states)
     png = plot_rewards(points, tmp_path / "curve.png", config)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

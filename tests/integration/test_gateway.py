@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from agl_stream.agent.llm import (
     RESPONSE_TOKEN_IDS,
 )
 from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.embedded.process import free_port
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, SpanRecorded, StatusCode
 from agl_stream.kafka import producer
 from agl_stream.serving.engine import Loaded
@@ -109,12 +109,6 @@ async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaS
         streamed = [c for c in calls if c.attributes.get("agl.gateway.stream_chunks")]
         assert len(streamed) == 2
         assert json.loads(str(calls[-1].attributes[PROMPT_JSON])) == {"text": task["system"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager

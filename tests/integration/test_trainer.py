@@ -18,7 +18,7 @@ from agl_stream.training.trainer import Trainer, TrainerConfig
 from tests.integration.helpers import eventually
 from tests.integration.runs import queue, runner_in_process
 
-AGENT = "agl_stream.demo.task:echo_letter"
+AGENT = "agl_stream.demo.task:echo_letter_in_process"
 
 
 async def published(kafka: KafkaSettings) -> list[ResourcesPublished]:
