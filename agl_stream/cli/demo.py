@@ -56,7 +56,7 @@ def demo(
     kafka, database = app.kafka(), app.database()
     config = DemoConfig(steps=steps, runners=runners, seed=seed, out_dir=out_dir)
     console.print(
-        f"demo {config.run_name}: {runners} runners, a projector and a trainer; "
+        f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server; "
         f"{steps} steps of {config.groups_per_step} tasks x {config.group_size} attempts",
         highlight=False,
     )
