@@ -80,6 +80,15 @@ def reaching(what: str) -> Iterator[None]:
         _fail(f"cannot reach {what}: {exc.strerror or exc}")
 
 
+@contextmanager
+def listening_on(address: str) -> Iterator[None]:
+    """Say which address a server could not take (in use, not this machine's)."""
+    try:
+        yield
+    except OSError as exc:
+        _fail(f"cannot listen on {address}: {exc.strerror or exc}")
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise SystemExit(code)

@@ -7,7 +7,13 @@ import logging
 
 import click
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, reaching, stop_on_signals
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    friendly_errors,
+    listening_on,
+    stop_on_signals,
+)
 
 
 def _url(value: str) -> str:
@@ -82,7 +88,7 @@ def serve(
             except (ValueError, OSError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--model") from None
             server.load(Loaded(policy, f"model:{model_spec}"))
-        with reaching(f"{host}:{port}"):
+        with listening_on(f"{host}:{port}"):
             url = await server.start(host, port)
         console.print(f"serving {served_model_name} on {url}/v1", highlight=False)
         follower = None if model_spec else asyncio.create_task(_follow(app, server, resource, pin))
@@ -159,7 +165,7 @@ def gateway(
         kafka = app.kafka()
         async with producer(kafka) as prod:
             proxy = Gateway(base, EventPublisher(prod, Topics(kafka)), upstream_timeout)
-            with reaching(f"{host}:{port}"):
+            with listening_on(f"{host}:{port}"):
                 url = await proxy.start(host, port)
             console.print(f"gateway on {url}/v1 -> {base}", highlight=False)
             try:

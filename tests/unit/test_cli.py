@@ -127,3 +127,27 @@ def test_retrain_offsets_are_checked() -> None:
 def test_checkpoints_of_an_empty_directory(tmp_path: object) -> None:
     result = CliRunner().invoke(cli, ["checkpoints", "--checkpoint-dir", str(tmp_path)])
     assert result.exit_code == 2 and "no checkpoints in" in result.output
+
+
+def test_gateway_needs_an_http_upstream() -> None:
+    result = CliRunner().invoke(cli, ["gateway", "--upstream", "localhost:8000"])
+    assert result.exit_code == 2
+    assert "'localhost:8000' is not an http(s) URL" in result.output
+
+
+def test_serve_refuses_a_directory_that_is_no_model(tmp_path: object) -> None:
+    result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path), "--port", "0"])
+    assert result.exit_code == 2
+    assert "is not a model checkpoint (no config.json)" in result.output
+
+
+def test_serve_says_when_its_port_is_taken() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--model", "tiny", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
