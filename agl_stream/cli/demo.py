@@ -48,7 +48,7 @@ def demo(
     curve as a PNG.
     """
     from agl_stream.demo.curve import plot_rewards, summary_rows
-    from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+    from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
 
     started = time.monotonic()
     with console.status("starting the embedded stack..."):
@@ -71,7 +71,10 @@ def demo(
             def on_step(point: StepPoint) -> None:
                 progress.update(bar, completed=point.step, reward=f"{point.mean_reward:.3f}")
 
-            points = run_demo(config, kafka, database, on_step)
+            try:
+                points = run_demo(config, kafka, database, on_step)
+            except DemoFailed as exc:
+                raise click.ClickException(str(exc)) from None
         rollouts = asyncio.run(_rollout_counts(database))
     finally:
         if started_stack and not keep_stack:

@@ -28,6 +28,10 @@ from agl_stream.streams import EventPublisher, EventStream, Topics
 AGENT = "agl_stream.demo.task:echo_letter"
 
 
+class DemoFailed(RuntimeError):
+    """The demo cannot go on; the message says why and where to look."""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     steps: int = 30
@@ -39,6 +43,7 @@ class DemoConfig:
     learning_rate: float = 3e-3
     out_dir: Path = Path(".agl-stream/demo")
     run_name: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:8]}")
+    stall_seconds: float = 300.0  # no step for this long: stop and say so
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -145,15 +150,24 @@ async def drive(
         for tp in tps:
             follower.seek(tp, ends[tp])
         stream = EventStream(follower, None, topics, "demo")
+        loop = asyncio.get_running_loop()
+        progressed = loop.time()
         while len(points) < config.steps:
             died = alive()
             if died is not None:
-                raise RuntimeError(f"the {died} process stopped; see {config.log_dir}")
+                raise DemoFailed(f"the {died} process stopped; its log is in {config.log_dir}")
+            if loop.time() - progressed > config.stall_seconds:
+                raise DemoFailed(
+                    f"no training step finished in {config.stall_seconds:.0f} s; the workers' "
+                    f"logs are in {config.log_dir}. (A stack home that many test runs have "
+                    "used can stall consumer-group joins: `agl-stream down`, remove "
+                    ".agl-stream/ and run again.)"
+                )
             for item in await stream.next_batch(timeout_ms=500):
                 event = item.event
                 if not isinstance(event, ResourcesPublished):
                     continue
-                if not event.resources_id.startswith(f"{config.run_name}-"):
+                if not event.resources_id.startswith(f"{config.run_name}-v"):
                     continue
                 step = int(event.metadata.get("step", "0"))
                 if step > len(points) and "mean_reward" in event.metadata:
@@ -163,6 +177,7 @@ async def drive(
                     )  # fmt: skip
                     points.append(point)
                     on_step(point)
+                    progressed = loop.time()
                 if step < config.steps and step not in enqueued:
                     enqueued.add(step)
                     await _enqueue_step(kafka, config, rng, step, event.resources_id)

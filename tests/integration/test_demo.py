@@ -10,7 +10,7 @@ import pytest
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.demo.curve import plot_rewards, tenths
-from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 
 pytestmark = pytest.mark.slow
@@ -30,3 +30,13 @@ def test_the_demo_learns(kafka: KafkaSettings, database: DatabaseSettings, tmp_p
     assert all(s["counts"].get("calls_without_token_ids", 0) == 0 for s in states)
     png = plot_rewards(points, tmp_path / "curve.png", config)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_worker_that_cannot_start_stops_the_demo_with_a_sentence(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    config = DemoConfig(steps=2, runners=1, out_dir=tmp_path, learning_rate=-1.0)
+    with pytest.raises(DemoFailed, match=r"the trainer process stopped; its log is in"):
+        run_demo(config, kafka, database, lambda point: None)
+    log = (config.log_dir / "trainer.log").read_text()
+    assert "--learning-rate" in log
