@@ -1,4 +1,4 @@
-# The two commands of the quickstart are `make up` and `make test`; everything installs itself.
+# The two commands of the quickstart are `make demo` and `make test`; everything installs itself.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
