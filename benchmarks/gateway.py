@@ -25,11 +25,10 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import KafkaSettings, StackSettings, child_environment, load
+from agl_stream.config import child_environment
 from agl_stream.embedded.process import free_port
-from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.topic_admin import apply_topics
 from benchmarks.runners import percentile
+from benchmarks.stack import fresh_topics
 
 console = Console()
 MESSAGES = [{"role": "user", "content": "How many letters are in the word 'gateway'?"}]
@@ -100,14 +99,7 @@ async def throughput(base: str, calls: int, concurrency: int, stream: bool) -> f
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    stack = EmbeddedStack(load(StackSettings))
-    state = stack.running() or stack.up()
-    kafka = load(
-        KafkaSettings,
-        bootstrap_servers=state.bootstrap_servers,
-        topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.",
-    )
-    await apply_topics(kafka)
+    _, kafka = await fresh_topics(f"bench-{uuid.uuid4().hex[:6]}")
     env = child_environment(kafka)
     up_port, gw_port = free_port(), free_port()
     if args.upstream == "tiny":

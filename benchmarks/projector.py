@@ -33,12 +33,10 @@ from rich.table import Table
 from agl_stream.config import (
     DatabaseSettings,
     KafkaSettings,
-    StackSettings,
     child_environment,
     load,
 )
 from agl_stream.db.migrate import FIRST_READ_MODEL, migrate
-from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
@@ -55,8 +53,8 @@ from agl_stream.projection.fold import span_row
 from agl_stream.projection.rows import SpanRow, columns, values
 from agl_stream.projection.store import connect
 from agl_stream.streams import EventPublisher, Topics
-from agl_stream.topic_admin import apply_topics
 from benchmarks.runners import sample
+from benchmarks.stack import fresh_topics
 from benchmarks.synthetic import _flat, attributes
 
 console = Console()
@@ -285,16 +283,11 @@ async def _copy(conn: asyncpg.Connection, batch: list[SpanRow]) -> float:
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    stack = EmbeddedStack(load(StackSettings))
-    state = stack.running() or stack.up()
     args.run = f"b{uuid.uuid4().hex[:6]}"
-    kafka = load(
-        KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=f"{args.run}."
-    )
+    state, kafka = await fresh_topics(args.run)
     database = load(DatabaseSettings, database_url=state.database_url).with_database(
         f"bench_{args.run}"
     )
-    await apply_topics(kafka)
     await migrate(database)
     records, args.spans_sent = await produce(kafka, args.seed, args.run, args.spans)
     projection = await project(kafka, database, args, records)

@@ -26,14 +26,13 @@ from rich.console import Console
 from rich.table import Table
 
 from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import KafkaSettings, StackSettings, child_environment, load
-from agl_stream.embedded.stack import EmbeddedStack
+from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, RolloutQueued
 from agl_stream.kafka import consumer, end_offsets
 from agl_stream.streams import read_records
-from agl_stream.topic_admin import apply_topics
 from agl_stream.topic_spec import load_topic_specs
+from benchmarks.stack import fresh_topics
 
 console = Console()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -135,14 +134,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    stack = EmbeddedStack(load(StackSettings))
-    state = stack.running() or stack.up()
-    kafka = load(
-        KafkaSettings,
-        bootstrap_servers=state.bootstrap_servers,
-        topic_prefix=f"bench-{uuid.uuid4().hex[:6]}.",
-    )
-    await apply_topics(kafka)
+    state, kafka = await fresh_topics(f"bench-{uuid.uuid4().hex[:6]}")
     env = child_environment(kafka)
     runners = [
         await asyncio.create_subprocess_exec(

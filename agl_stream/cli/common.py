@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import signal
@@ -72,21 +73,21 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
 
 
 @contextmanager
-def reaching(what: str) -> Iterator[None]:
+def _socket_errors(doing: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        _fail(f"{doing}: {exc.strerror or exc}")
+
+
+def reaching(what: str) -> contextlib.AbstractContextManager[None]:
     """Say which service could not be reached, instead of a bare socket error."""
-    try:
-        yield
-    except OSError as exc:
-        _fail(f"cannot reach {what}: {exc.strerror or exc}")
+    return _socket_errors(f"cannot reach {what}")
 
 
-@contextmanager
-def listening_on(address: str) -> Iterator[None]:
+def listening_on(address: str) -> contextlib.AbstractContextManager[None]:
     """Say which address a server could not take (in use, not this machine's)."""
-    try:
-        yield
-    except OSError as exc:
-        _fail(f"cannot listen on {address}: {exc.strerror or exc}")
+    return _socket_errors(f"cannot listen on {address}")
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:

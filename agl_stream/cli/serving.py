@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,9 @@ from agl_stream.cli.common import (
     listening_on,
     stop_on_signals,
 )
+
+if TYPE_CHECKING:
+    from agl_stream.serving.server import PolicyServer
 
 
 def _url(value: str) -> str:
@@ -100,12 +104,10 @@ def serve(
     asyncio.run(main())
 
 
-async def _follow(app: AppContext, server: object, resource: str, pin: str | None) -> None:
+async def _follow(app: AppContext, server: PolicyServer, resource: str, pin: str | None) -> None:
     from agl_stream.kafka import producer
     from agl_stream.runner.resources import ResourceCache, follow_resources
-    from agl_stream.serving.server import PolicyServer
 
-    assert isinstance(server, PolicyServer)
     cache = ResourceCache()
     kafka = app.kafka()
     async with producer(kafka) as prod:

@@ -78,18 +78,19 @@ class Gateway:
         resources: Mapping[str, Any],
         resources_id: str | None,
         parent: Context | None = None,
-    ) -> dict[str, Any]:
-        """Register an attempt; returns its resources with every LLM pointed at this gateway."""
+    ) -> tuple[AttemptRoute, dict[str, Any]]:
+        """Register an attempt; returns its route and its resources with every LLM pointed
+        at this gateway."""
         upstreams = {name: r.endpoint for name, r in resources.items() if isinstance(r, LLM)}
-        key = (recorder.rollout_id, recorder.attempt_id)
-        self.routes[key] = AttemptRoute(recorder, upstreams, resources_id, parent)
+        route = AttemptRoute(recorder, upstreams, resources_id, parent)
+        self.routes[(recorder.rollout_id, recorder.attempt_id)] = route
         routed = dict(resources)
         for name in upstreams:
             identity = Identity(recorder.rollout_id, recorder.attempt_id, name)
             routed[name] = resources[name].model_copy(
                 update={"endpoint": attempt_base_url(self.url, identity)}
             )
-        return routed
+        return route, routed
 
     async def close_attempt(self, rollout_id: str, attempt_id: str, grace: float = 5.0) -> None:
         """Let the attempt's calls in flight end (or cancel them after `grace`); later calls
@@ -184,10 +185,7 @@ class Gateway:
             body = parse_request(await request.read())
         except BadRequest as exc:
             return _error(400, str(exc), "invalid_request_error")
-        record = CallRecord(kind, body)
-        started = time.time_ns()
-        clock = time.monotonic()
-        recorded = _Recorded(self, route, record, started)
+        recorded = _Recorded(self, route, CallRecord(kind, body))
         if route is not None:
             route.recorder.touch()
         try:
@@ -195,60 +193,45 @@ class Gateway:
                 return await self._stream(request, url, body, recorded)
             return await self._whole(request, url, body, recorded)
         except asyncio.CancelledError:
-            recorded.finish(None, "cancelled: the attempt ended before the call did", clock)
+            recorded.finish(None, "cancelled: the attempt ended before the call did")
             raise
         finally:
-            recorded.finish(None, "the call ended without an answer", clock)
+            recorded.finish(None, "the call ended without an answer")
 
     async def _whole(
         self, request: web.Request, url: str, body: dict[str, Any], recorded: _Recorded
     ) -> web.StreamResponse:
-        clock = time.monotonic()
-        assert self._session is not None
         try:
-            async with self._session.post(
-                url,
-                json=prepare_request(recorded.record.kind, body),
-                headers=_headers(request, recorded.route),
-            ) as upstream:
+            async with self._post(request, url, body, recorded) as upstream:
                 raw = await upstream.read()
                 served_by = upstream.headers.get(RESOURCES_HEADER)
                 status, content_type = upstream.status, upstream.content_type
         except (aiohttp.ClientError, TimeoutError) as exc:
-            failure = _failure(exc)
-            recorded.finish(None, failure, clock)
-            return _error(504 if isinstance(exc, TimeoutError) else 502, failure, "upstream_error")
+            recorded.finish(None, _failure(exc))
+            return _upstream_error(exc)
         if status >= 400:
-            recorded.finish(served_by, f"upstream answered {status}: {raw[:500]!r}", clock)
+            recorded.finish(served_by, _refused(status, raw))
         else:
             try:
                 recorded.record.add_response(json.loads(raw))
-                recorded.finish(served_by, None, clock)
+                recorded.finish(served_by, None)
             except (ValueError, TypeError, KeyError) as exc:
-                recorded.finish(served_by, f"upstream answer unreadable: {exc}", clock)
+                recorded.finish(served_by, f"upstream answer unreadable: {exc}")
         headers = {RESOURCES_HEADER: served_by} if served_by else {}
         return web.Response(status=status, body=raw, content_type=content_type, headers=headers)
 
     async def _stream(
         self, request: web.Request, url: str, body: dict[str, Any], recorded: _Recorded
     ) -> web.StreamResponse:
-        clock = time.monotonic()
-        assert self._session is not None
         response: web.StreamResponse | None = None
         decoder = SSEDecoder()
         served_by: str | None = None
         try:
-            async with self._session.post(
-                url,
-                json=prepare_request(recorded.record.kind, body),
-                headers=_headers(request, recorded.route),
-            ) as upstream:
+            async with self._post(request, url, body, recorded) as upstream:
                 served_by = upstream.headers.get(RESOURCES_HEADER)
                 if upstream.status >= 400:
                     raw = await upstream.read()
-                    recorded.finish(
-                        served_by, f"upstream answered {upstream.status}: {raw[:500]!r}", clock
-                    )
+                    recorded.finish(served_by, _refused(upstream.status, raw))
                     return web.Response(
                         status=upstream.status, body=raw, content_type=upstream.content_type
                     )
@@ -269,18 +252,26 @@ class Gateway:
                     if recorded.route is not None:
                         recorded.route.recorder.touch()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            failure = _failure(exc)
-            recorded.finish(served_by, failure, clock)
+            recorded.finish(served_by, _failure(exc))
             if response is None:
-                return _error(
-                    504 if isinstance(exc, TimeoutError) else 502, failure, "upstream_error"
-                )
+                return _upstream_error(exc)
             # Headers are gone: tell the client in the stream, as OpenAI's servers do.
-            await response.write(b"data: " + error_body(failure, "upstream_error") + b"\n\n")
+            await response.write(b"data: " + error_body(_failure(exc), "upstream_error") + b"\n\n")
             return response
-        recorded.finish(served_by, None, clock)
+        recorded.finish(served_by, None)
         await response.write_eof()
         return response
+
+    def _post(
+        self, request: web.Request, url: str, body: dict[str, Any], recorded: _Recorded
+    ) -> Any:  # aiohttp's request context manager
+        """The call as the upstream gets it: token ids and logprobs asked for."""
+        assert self._session is not None
+        return self._session.post(
+            url,
+            json=prepare_request(recorded.record.kind, body),
+            headers=_headers(request, recorded.route),
+        )
 
     async def _pass_through(self, request: web.Request, url: str) -> web.StreamResponse:
         """Anything else (GET /v1/models, embeddings): forwarded, not recorded."""
@@ -303,20 +294,19 @@ class Gateway:
 class _Recorded:
     """Records a call exactly once, whichever way it ends."""
 
-    def __init__(
-        self, gateway: Gateway, route: AttemptRoute | None, record: CallRecord, started: int
-    ) -> None:
+    def __init__(self, gateway: Gateway, route: AttemptRoute | None, record: CallRecord) -> None:
         self.gateway = gateway
         self.route = route
         self.record = record
-        self.started = started
+        self.started = time.time_ns()  # the span's start
+        self.clock = time.monotonic()  # its latency
         self.done = False
 
-    def finish(self, served_by: str | None, error: str | None, clock: float) -> None:
+    def finish(self, served_by: str | None, error: str | None) -> None:
         if self.done:
             return
         self.done = True
-        extra: dict[str, Any] = {"agl.gateway.latency_ms": (time.monotonic() - clock) * 1000}
+        extra: dict[str, Any] = {"agl.gateway.latency_ms": (time.monotonic() - self.clock) * 1000}
         if self.record.chunks:
             extra["agl.gateway.stream_chunks"] = self.record.chunks
         route = self.route
@@ -340,6 +330,14 @@ def _headers(request: web.Request, route: AttemptRoute | None) -> dict[str, str]
         # The version the attempt runs on: a policy server catches up to it before answering.
         headers[RESOURCES_HEADER] = route.resources_id
     return headers
+
+
+def _refused(status: int, raw: bytes) -> str:
+    return f"upstream answered {status}: {raw[:500]!r}"
+
+
+def _upstream_error(exc: BaseException) -> web.Response:
+    return _error(504 if isinstance(exc, TimeoutError) else 502, _failure(exc), "upstream_error")
 
 
 def _failure(exc: BaseException) -> str:

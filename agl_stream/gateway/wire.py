@@ -167,8 +167,7 @@ class CallRecord:
 def _message(message: Any) -> dict[str, str]:
     if not isinstance(message, Mapping):
         return {"content": str(message)}
-    out = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in message.items()}
-    return out
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in message.items()}
 
 
 def _prompt_text(prompt: Any) -> str | None:

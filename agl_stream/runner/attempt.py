@@ -66,10 +66,10 @@ async def execute(
     gateway: Gateway | None = None,
 ) -> Outcome:
     recorder = AttemptRecorder(task.rollout_id, rollout.attempt_id)
+    route = None
     if gateway is not None:
         # The agent's LLM resources point at the gateway, which records into this recorder.
-        resources = gateway.open_attempt(recorder, resources, rollout.resources_id)
-    route = gateway.routes.get((task.rollout_id, rollout.attempt_id)) if gateway else None
+        route, resources = gateway.open_attempt(recorder, resources, rollout.resources_id)
     sent: list[asyncio.Future[RecordMetadata]] = []
 
     async def pump() -> None:

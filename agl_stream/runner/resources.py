@@ -39,13 +39,17 @@ class ResourceCache:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
-            if self._changed is None:
-                self._changed = asyncio.Event()
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await asyncio.wait_for(self.changed(), remaining)
             except TimeoutError:
                 return None
         return self.versions[resources_id]
+
+    async def changed(self) -> None:
+        """Return when the next version is applied."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
 
     def resolve(self, pinned: str | None) -> ResourcesPublished | None:
         """The pinned version, or the latest; raises KeyError for an unknown pin."""

@@ -43,6 +43,7 @@ class PolicyServer:
         self.cache: ResourceCache | None = None  # what follow() folds: versions by id
         self.catch_up_seconds = 10.0
         self.resource = "policy"
+        self.refused: set[str] = set()  # versions whose checkpoint would not load
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -63,7 +64,9 @@ class PolicyServer:
         log.info("serving %s", loaded.resources_id)
 
     async def follow(self, cache: ResourceCache, resource: str, pin: str | None) -> None:
-        """Keep serving the pinned version, or the latest one that has `resource`."""
+        """Keep serving the pinned version's `resource` checkpoint, or the latest version's (a
+        version without one leaves the served policy as it is). Every change is looked at,
+        including those that land while a load runs."""
         self.cache, self.resource = cache, resource
         if pin is not None:
             self.catch_up_seconds = 0.0  # pinned: that version answers everyone
@@ -71,16 +74,18 @@ class PolicyServer:
             version = cache.versions.get(pin) if pin else cache.latest
             checkpoint = version.resources.get(resource) if version else None
             if (
-                version is not None
-                and isinstance(checkpoint, Checkpoint)
-                and version.resources_id != self.resources_id
+                version is None
+                or not isinstance(checkpoint, Checkpoint)
+                or version.resources_id in {self.resources_id, *self.refused}
             ):
-                try:
-                    llm = await asyncio.to_thread(local_llm, checkpoint)
-                    self.load(Loaded(llm.policy, version.resources_id))
-                except (ValueError, OSError) as exc:
-                    log.error("cannot load %s: %s", version.resources_id, exc)
-            await asyncio.sleep(0.2)
+                await cache.changed()
+                continue
+            try:
+                llm = await asyncio.to_thread(local_llm, checkpoint)
+                self.load(Loaded(llm.policy, version.resources_id))
+            except (ValueError, OSError) as exc:
+                self.refused.add(version.resources_id)
+                log.error("cannot load %s: %s", version.resources_id, exc)
 
     async def _catch_up(self, wanted: str | None) -> None:
         """A caller that ran on a version newer than the one served (the gateway says which
@@ -96,7 +101,7 @@ class PolicyServer:
 
     def _behind(self, wanted: str) -> bool:
         assert self.cache is not None
-        if wanted == self.resources_id:
+        if wanted == self.resources_id or wanted in self.refused:
             return False
         target = self.cache.versions.get(wanted)
         current = self.cache.versions.get(self.resources_id or "")
