@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install up down status demo test unit integration lint clean
+.PHONY: install up down status demo test unit integration chaos lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ unit: $(STAMP)  ## only the tests that need no broker
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
+	$(BIN)/python -m pytest -m chaos --chaos-size long
 
 lint: $(STAMP)
 	$(BIN)/ruff check agl_stream tests workers

@@ -7,6 +7,10 @@ import time
 from typing import Any
 
 from agl_stream.agent import LitAgent, NamedResources, Rollout, emit_message, emit_reward, rollout
+from agl_stream.demo.task import ANSWER_WORDS, score
+from agl_stream.events import Checkpoint
+from agl_stream.training.local_llm import local_llm
+from agl_stream.training.model import set_threads
 
 
 @rollout
@@ -38,3 +42,18 @@ class Prompted(LitAgent):
         template = resources.get("prompt")
         emit_message(getattr(template, "template", "none"), resources_id=rollout.resources_id or "")
         return 0.0
+
+
+@rollout
+def chaos_echo(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> float:
+    """The demo's in-process agent (samples the latest checkpoint), with a span of its own, a
+    pause where a kill can interrupt it, and failures on the attempts the task names."""
+    emit_message(f"asked to echo {task['letter']}", attempt=rollout.attempt_number)
+    time.sleep(float(task.get("sleep", 0)))
+    if rollout.attempt_number in task.get("fail_on_attempts", []):
+        raise ValueError(f"told to fail attempt {rollout.attempt_number}")
+    set_threads(1)
+    answer = local_llm(policy).complete(
+        f"<bos> {task['letter']}", max_new_tokens=ANSWER_WORDS, resources_id=rollout.resources_id
+    )
+    return score(task["letter"], answer.text)

@@ -73,6 +73,7 @@ class _Rollout:
     queued: dict[int, RolloutQueued] = field(default_factory=dict)
     attempts: dict[str, _Attempt] = field(default_factory=dict)
     finished_at: int | None = None  # the assembler's record count when RolloutFinished came
+    counted: str | None = None  # the attempt whose success was handed out: the only one
     low: dict[TopicPartition, int] = field(default_factory=dict)
     high: dict[TopicPartition, int] = field(default_factory=dict)
 
@@ -194,6 +195,9 @@ class Assembler:
             "settled_attempts": [
                 [k[0], k[1], _marks_out(v)] for k, v in sorted(self.settled_attempts.items())
             ],
+            "counted": sorted(
+                [k, r.counted] for k, r in self.pending.items() if r.counted is not None
+            ),
         }
 
     @classmethod
@@ -203,6 +207,8 @@ class Assembler:
             assembler.settled_rollouts[rollout_id] = _marks_in(marks)
         for rollout_id, attempt_id, marks in memory.get("settled_attempts", []):
             assembler.settled_attempts[(rollout_id, attempt_id)] = _marks_in(marks)
+        for rollout_id, attempt_id in memory.get("counted", []):
+            assembler.pending[rollout_id] = _Rollout(counted=attempt_id)
         return assembler
 
     # -- the fold ---------------------------------------------------------------------------
@@ -231,6 +237,13 @@ class Assembler:
                     rollout_id, attempt_id, attempt, f"attempts_{trajectory.status.value}"
                 )
                 continue
+            if rollout.counted not in (None, attempt_id):
+                # A second success of one rollout: a runner cut off from the broker finished
+                # an attempt that another runner had already taken over (execution is
+                # at-least-once). The rollout counts once.
+                self._settle_attempt(rollout_id, attempt_id, attempt, "attempts_second_success")
+                continue
+            rollout.counted = attempt_id
             attempt.handed = True
             self._ready.append(trajectory)
         if rollout.finished_at is None:

@@ -7,8 +7,10 @@ testcontainers: Apache Kafka and PostgreSQL containers, where a Docker engine ru
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,32 @@ class Backend:
     name: str
     bootstrap_servers: str
     database_url: str
+    # How to freeze and thaw the broker (SIGSTOP/SIGCONT, docker pause), where it can be.
+    freeze: Callable[[], None] | None = None
+    thaw: Callable[[], None] | None = None
+
+    @property
+    def can_pause(self) -> bool:
+        return self.freeze is not None and self.thaw is not None
+
+    async def pause_broker(self, seconds: float) -> None:
+        """The broker stops answering for `seconds` (its connections stay open), then goes on."""
+        if self.freeze is None or self.thaw is None:
+            raise RuntimeError(f"the {self.name} backend cannot pause its broker")
+        self.freeze()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.thaw()
+
+
+def signals(pid: int | None) -> dict[str, Callable[[], None]]:
+    if pid is None:
+        return {}
+    return {
+        "freeze": lambda: os.kill(pid, signal.SIGSTOP),
+        "thaw": lambda: os.kill(pid, signal.SIGCONT),
+    }
 
 
 @contextmanager
@@ -34,7 +62,12 @@ def embedded(private_home: Path) -> Iterator[Backend]:
         return
     running = EmbeddedStack(load(StackSettings)).running()
     if running is not None:
-        yield Backend("embedded", running.bootstrap_servers, running.database_url)
+        yield Backend(
+            "embedded",
+            running.bootstrap_servers,
+            running.database_url,
+            **signals(running.broker_pid),
+        )
         return
     stack = EmbeddedStack(
         StackSettings(
@@ -45,7 +78,12 @@ def embedded(private_home: Path) -> Iterator[Backend]:
     )
     state = stack.up()
     try:
-        yield Backend("embedded (private)", state.bootstrap_servers, state.database_url)
+        yield Backend(
+            "embedded (private)",
+            state.bootstrap_servers,
+            state.database_url,
+            **signals(state.broker_pid),
+        )
     finally:
         stack.down()
 
@@ -79,4 +117,11 @@ def testcontainers() -> Iterator[Backend]:
         KafkaContainer("confluentinc/cp-kafka:7.6.1") as kafka,
         PostgresContainer("postgres:16", driver=None) as pg,
     ):
-        yield Backend("testcontainers", kafka.get_bootstrap_server(), pg.get_connection_url())
+        container = kafka.get_wrapped_container()
+        yield Backend(
+            "testcontainers",
+            kafka.get_bootstrap_server(),
+            pg.get_connection_url(),
+            freeze=container.pause,
+            thaw=container.unpause,
+        )

@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -122,3 +123,21 @@ async def runner_process(
         "--worker-id", name, "--session-timeout-ms", "6000", "--heartbeat", "1", "--grace", "5",
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
+
+
+async def trainer_process(
+    kafka: KafkaSettings,
+    checkpoints: Path,
+    log: Path,
+    run_name: str,
+    group_size: int,
+    groups_per_step: int,
+) -> asyncio.subprocess.Process:
+    """`worker --role trainer` as a process, its output appended to `log`."""
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "trainer",
+            "--checkpoint-dir", str(checkpoints), "--run-name", run_name,
+            "--group-size", str(group_size), "--groups-per-step", str(groups_per_step),
+            "--heartbeat", "1", env=child_environment(kafka), stdout=out, stderr=out,
+        )  # fmt: skip

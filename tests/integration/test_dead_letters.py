@@ -3,62 +3,17 @@ and the consumer reading them stays alive and keeps delivering good events."""
 
 from __future__ import annotations
 
-import io
-import os
 import uuid
 
-import fastavro
-
 from agl_stream.cli.dlq import read_dead_letters
-from agl_stream.codec import MARKER, Codec
+from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
+from tests.integration.bad_records import EVENT_TOPICS, EXPECTED_KIND, bad_records
 from tests.integration.helpers import eventually, examples
 from tests.unit.strategies import EVENT_STRATEGIES
-
-EVENT_TOPICS = {
-    "tasks": "RolloutQueued",
-    "rollouts": "AttemptFinished",
-    "spans": "SpanRecorded",
-    "resources": "ResourcesPublished",
-    "workers": "WorkerHeartbeat",
-}
-# A perfectly good Avro record of a schema that is not agl-stream's.
-FOREIGN = fastavro.parse_schema(
-    {"type": "record", "name": "Invoice", "fields": [{"name": "amount", "type": "long"}]}
-)
-
-
-def foreign_record() -> bytes:
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, FOREIGN, {"amount": 12})
-    fingerprint = bytes.fromhex(
-        fastavro.schema.fingerprint(
-            fastavro.schema.to_parsing_canonical_form(FOREIGN), "CRC-64-AVRO"
-        )
-    )
-    return MARKER + fingerprint + body.getvalue()
-
-
-def bad_records(codec: Codec, topic: str) -> dict[str, bytes]:
-    good = codec.encode(examples(EVENT_STRATEGIES[EVENT_TOPICS[topic]], 1)[0])
-    misplaced_type = "SpanRecorded" if topic != "spans" else "WorkerHeartbeat"
-    return {
-        "random": os.urandom(64),
-        "foreign schema": foreign_record(),
-        "truncated": good[: len(good) // 2],
-        "wrong topic": codec.encode(examples(EVENT_STRATEGIES[misplaced_type], 1)[0]),
-    }
-
-
-EXPECTED_KIND = {
-    "random": "not_single_object",
-    "foreign schema": "unknown_schema",
-    "truncated": "undecodable",
-    "wrong topic": "wrong_topic",
-}
 
 
 async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings) -> None:

@@ -12,12 +12,18 @@ import pytest
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.kafka import producer
-from agl_stream.projection.replay import ReplayLimits, replay
+from agl_stream.projection.replay import replay
 from agl_stream.queries import ReadModel
 from agl_stream.streams import EventPublisher, Topics
 from agl_stream.topic_admin import apply_topics
 from tests.integration.helpers import eventually
-from tests.integration.projection import caught_up, dump, ends, projector_process
+from tests.integration.projection import (
+    assert_equals_replay,
+    caught_up,
+    dump,
+    ends,
+    projector_process,
+)
 from tests.traffic import Traffic, traffic
 
 pytestmark = pytest.mark.slow
@@ -53,21 +59,6 @@ async def kill_repeatedly(
     finally:
         survivor.send_signal(signal.SIGTERM)
         await asyncio.wait_for(survivor.wait(), 60)
-
-
-async def assert_equals_replay(kafka: KafkaSettings, database: DatabaseSettings) -> None:
-    """A replay of the records the live projection has seen (the projectors' own last
-    heartbeats come after it stopped) gives the same answers to every query."""
-    live = await dump(database)
-    async with ReadModel.open(database) as rm:
-        seen = {(p.topic, p.partition): p.next_offset for p in await rm.lag()}
-    limits = ReplayLimits(until_offsets=seen)
-    rebuilt = await replay(kafka, database, name="rebuilt", limits=limits, switch=False)
-    assert rebuilt.events > 0
-    again = await dump(database, "rebuilt")
-    assert live.keys() == again.keys()
-    for key in live:
-        assert live[key] == again[key], key
 
 
 async def test_kill_9_many_times_then_equal_to_a_replay(

@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import sys
+from asyncio.subprocess import Process
 from pathlib import Path
 
 import pytest
 
-from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.config import KafkaSettings
 from agl_stream.events import AttemptStatus
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from tests.integration.helpers import eventually
-from tests.integration.runs import history, queue, runner_in_process
+from tests.integration.runs import history, queue, runner_in_process, trainer_process
 from tests.integration.test_trainer import AGENT, published
 
 pytestmark = pytest.mark.slow
@@ -24,16 +24,8 @@ pytestmark = pytest.mark.slow
 GROUPS, GROUP_SIZE, GROUPS_PER_STEP = 64, 4, 4  # 256 attempts, 16 steps
 
 
-async def trainer_process(
-    kafka: KafkaSettings, checkpoints: Path, log: Path
-) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "trainer",
-            "--checkpoint-dir", str(checkpoints), "--run-name", "kill",
-            "--group-size", str(GROUP_SIZE), "--groups-per-step", str(GROUPS_PER_STEP),
-            "--heartbeat", "1", env=child_environment(kafka), stdout=out, stderr=out,
-        )  # fmt: skip
+async def start_trainer(kafka: KafkaSettings, checkpoints: Path, log: Path) -> Process:
+    return await trainer_process(kafka, checkpoints, log, "kill", GROUP_SIZE, GROUPS_PER_STEP)
 
 
 def trained(store: CheckpointStore) -> int:
@@ -44,7 +36,7 @@ async def test_kill_the_trainer_mid_run(kafka: KafkaSettings, tmp_path: Path) ->
     rng = random.Random(7)
     store = CheckpointStore(str(tmp_path / "checkpoints"))
     log = tmp_path / "trainer.log"
-    trainer = await trainer_process(kafka, store.root, log)
+    trainer = await start_trainer(kafka, store.root, log)
     kills = 0
     try:
 
@@ -69,7 +61,7 @@ async def test_kill_the_trainer_mid_run(kafka: KafkaSettings, tmp_path: Path) ->
                 trainer.send_signal(signal.SIGKILL)
                 await trainer.wait()
                 kills += 1
-                trainer = await trainer_process(kafka, store.root, log)
+                trainer = await start_trainer(kafka, store.root, log)
 
             async def all_trained() -> bool:
                 return trained(store) >= GROUPS * GROUP_SIZE
