@@ -76,11 +76,13 @@ class DeadLetterView:
 
     @classmethod
     def parse(cls, headers: Headers, value: bytes | None, dlq_offset: int) -> DeadLetterView:
-        h = {k: v.decode(errors="replace") for k, v in headers}
+        """Whatever is on the dead-letter topic, also a record something else put there: a
+        missing or unreadable header reads as "?" (or -1 for a number)."""
+        h = {k: (v or b"").decode(errors="replace") for k, v in headers}
         return cls(
             source_topic=h.get(SOURCE_TOPIC, "?"),
-            source_partition=int(h.get(SOURCE_PARTITION, "-1")),
-            source_offset=int(h.get(SOURCE_OFFSET, "-1")),
+            source_partition=_number(h.get(SOURCE_PARTITION)),
+            source_offset=_number(h.get(SOURCE_OFFSET)),
             reason=h.get(REASON, "?"),
             kind=h.get(KIND, "?"),
             consumer=h.get(CONSUMER, "?"),
@@ -88,3 +90,10 @@ class DeadLetterView:
             value=value,
             dlq_offset=dlq_offset,
         )
+
+
+def _number(text: str | None) -> int:
+    try:
+        return int(text) if text is not None else -1
+    except ValueError:
+        return -1

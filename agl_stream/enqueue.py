@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,6 +50,13 @@ def make_rollout(
             f"task input is {len(encoded.encode()):,} bytes encoded, over the limit of "
             f"{MAX_INPUT_BYTES:,}; store large inputs elsewhere and pass a reference"
         )
+    for name in ("timeout_seconds", "unresponsive_seconds"):
+        seconds = getattr(options, name)
+        if seconds is not None and not math.isfinite(seconds):
+            raise EnqueueError(
+                f"invalid rollout options: {name}: must be a finite number of seconds "
+                f"(leave it unset for no limit), got {seconds}"
+            )
     try:
         return RolloutQueued(
             rollout_id=rollout_id or f"ro-{uuid.uuid4().hex}",
@@ -103,6 +111,16 @@ def read_tasks(
     path: Path | None, fmt: str | None = None, stdin: IO[str] | None = None
 ) -> Iterator[Any]:
     """Task inputs from a JSONL, JSON (a list) or Parquet file, or JSONL on stdin."""
+    try:
+        yield from _read_tasks(path, fmt, stdin)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start]
+        raise EnqueueError(
+            f"{path or '<stdin>'}: not UTF-8 text (byte {exc.start} is 0x{bad:02x})"
+        ) from None
+
+
+def _read_tasks(path: Path | None, fmt: str | None, stdin: IO[str] | None) -> Iterator[Any]:
     kind = fmt or (_format_of(path) if path else "jsonl")
     if kind == "parquet":
         if path is None:

@@ -18,11 +18,24 @@ async def admin_client(settings: KafkaSettings) -> AsyncIterator[AIOKafkaAdminCl
     options = settings.client_options()
     options.pop("client_id")
     admin = AIOKafkaAdminClient(client_id=f"{settings.client_id}-admin", **options)
-    await admin.start()
+    try:
+        await admin.start()
+    except BaseException:
+        await admin.close()
+        raise
     try:
         yield admin
     finally:
         await admin.close()
+
+
+async def started(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    """Start a client; one that fails to start (no broker) is stopped, not left open."""
+    try:
+        await client.start()
+    except BaseException:
+        await client.stop()
+        raise
 
 
 @asynccontextmanager
@@ -30,7 +43,7 @@ async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKa
     # acks=all and no idempotence: idempotent producers are not available on every
     # Kafka-protocol broker; consumers deduplicate instead (see DESIGN.md).
     client = AIOKafkaProducer(acks="all", **{**settings.client_options(), **extra})
-    await client.start()
+    await started(client)
     try:
         yield client
     finally:
@@ -43,7 +56,7 @@ async def consumer(
 ) -> AsyncIterator[AIOKafkaConsumer]:
     defaults: dict[str, Any] = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
     client = AIOKafkaConsumer(*topics, **{**settings.client_options(), **defaults, **extra})
-    await client.start()
+    await started(client)
     try:
         yield client
     finally:

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.db.migrate import head_revision
-from agl_stream.kafka import admin_client, end_offsets
+from agl_stream.kafka import admin_client, end_offsets, started
 from agl_stream.topic_spec import load_topic_specs
 
 
@@ -103,7 +103,7 @@ async def _group_lag(
 ) -> dict[str, int]:
     # A consumer that never subscribes does not join the group: it only reads its offsets.
     client = AIOKafkaConsumer(group_id=group_id, enable_auto_commit=False, **kafka.client_options())
-    await client.start()
+    await started(client)
     try:
         committed = {tp: await client.committed(tp) for tp in tps}
         starts = await client.beginning_offsets(tps) if tps else {}

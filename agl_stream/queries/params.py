@@ -49,6 +49,21 @@ class RolloutFilter(BaseModel):
     limit: int = Field(default=50, ge=1, le=MAX_LIMIT)
     cursor: str | None = None
 
+    @field_validator("worker_id", "resources_id")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("contains a NUL character (\\x00), which no stored text has")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_text(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        for k, v in value.items():
+            if "\x00" in k or (v is not None and "\x00" in v):
+                raise ValueError("contains a NUL character (\\x00), which no stored text has")
+        return value
+
     @field_validator("since", "until")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
@@ -112,12 +127,26 @@ def decode_cursor(cursor: str, sort: str, descending: bool) -> tuple[Any, str]:
     return value, str(rollout_id)
 
 
+def check_text(**values: str | None) -> None:
+    """PostgreSQL text cannot hold NUL: a value with one matches nothing and is refused."""
+    for name, value in values.items():
+        if value is not None and "\x00" in value:
+            raise QueryError(f"{name} contains a NUL character (\\x00), which no stored text has")
+
+
 def check_limit(limit: int, most: int = MAX_LIMIT) -> int:
     if not 1 <= limit <= most:
         raise QueryError(f"limit must be between 1 and {most}, got {limit}")
     return limit
 
 
-def check_range(since: datetime | None, until: datetime | None) -> None:
+def check_range(
+    since: datetime | None, until: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    """The range with times given without a zone read as UTC (as in RolloutFilter)."""
+    since, until = (
+        t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t for t in (since, until)
+    )
     if since is not None and until is not None and since > until:
         raise QueryError("since must not be after until")
+    return since, until

@@ -32,6 +32,7 @@ from agl_stream.queries.params import (
     RolloutFilter,
     check_limit,
     check_range,
+    check_text,
     decode_cursor,
     encode_cursor,
 )
@@ -124,6 +125,7 @@ class ReadModel:
         return {row["status"]: row["count"] for row in rows}
 
     async def rollout(self, rollout_id: str, wait_for: Offsets | None = None) -> Rollout:
+        check_text(rollout_id=rollout_id)
         if wait_for:
             await self.wait_for_offsets(wait_for)
         rows = await self._all(select(*_rollout_columns()).where(_R.rollout_id == rollout_id))
@@ -177,7 +179,8 @@ class ReadModel:
         """Spans of a rollout (every attempt, or one, or the latest), in attempt and
         sequence order; `name` and the time range (span start) filter them."""
         check_limit(limit, 100_000)
-        check_range(since, until)
+        check_text(attempt_id=attempt_id, name=name)
+        since, until = check_range(since, until)
         if attempt_id is not None and latest_attempt:
             raise QueryError("ask for one attempt or for the latest attempt, not both")
         rollout = await self.rollout(rollout_id, wait_for)
@@ -207,6 +210,7 @@ class ReadModel:
     ) -> list[Resources]:
         """Resources versions, newest first; `name` keeps those holding that resource."""
         check_limit(limit)
+        check_text(name=name)
         r = db.resources.c
         query = select(*(getattr(r, f) for f in Resources.model_fields))
         if name is not None:
@@ -224,6 +228,7 @@ class ReadModel:
         self, *, role: str | None = None, now: datetime | None = None
     ) -> list[Worker]:
         """Workers by last heartbeat; health: alive, stale (silent for 3 intervals), stopped."""
+        check_text(role=role)
         w = db.workers.c
         query = select(*(c for c in db.workers.c if c.name != "event_id"))
         if role is not None:
@@ -239,6 +244,8 @@ class ReadModel:
         Raises TimeoutError naming those still open. Woken by the projector's commits
         (LISTEN/NOTIFY), so it does not poll."""
         ids = sorted(set(rollout_ids))
+        for rollout_id in ids:
+            check_text(rollout_id=rollout_id)
         statuses: dict[str, str] = {}
 
         async def done() -> bool:
@@ -325,6 +332,7 @@ async def _resolve(conn: AsyncConnection, read_model: str | None) -> str:
         if name is None:
             raise QueryError("no active read model: run `agl-stream db upgrade`")
         return str(name)
+    check_text(read_model=read_model)
     found = (
         await conn.execute(text("SELECT state FROM read_models WHERE name = :n"), {"n": read_model})
     ).scalar()

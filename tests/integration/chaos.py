@@ -14,6 +14,7 @@ from typing import Any
 
 from agl_stream.codec import Codec
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
+from agl_stream.dead_letters import REASON, SOURCE_PARTITION
 from agl_stream.kafka import producer
 from agl_stream.streams import Topics
 from tests.integration.bad_records import EVENT_TOPICS, bad_records
@@ -145,7 +146,7 @@ async def inject_malformed(kafka: KafkaSettings, codec: Codec) -> dict[tuple[str
                 )
                 sent[(meta.topic, meta.partition, meta.offset)] = label
         for value in bad_records(codec, "spans").values():
-            headers = [("agl.source.partition", b"not a number"), ("agl.reason", b"\xff\xfe")]
+            headers = [(SOURCE_PARTITION, b"not a number"), (REASON, b"\xff\xfe")]
             await prod.send_and_wait(topics.name("dlq"), value, headers=headers)
     return sent
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.errors import NonInteractiveExampleWarning
 
 from agl_stream.config import DatabaseSettings
 from agl_stream.events import Event, RolloutFinished, RolloutStatus
@@ -18,7 +22,10 @@ from agl_stream.projection.store import ProjectionStore, active_read_model, conn
 from agl_stream.queries import NotFound, QueryError, ReadModel
 from tests.integration.helpers import invoke_cli
 from tests.traffic import traffic
+from tests.unit.test_fuzz import FILTER_OPTIONS, SHORT, invocations
 from tests.unit.test_projection_fold import fold_in_order
+
+T = TypeVar("T")
 
 EVENTS = [e for _, e in traffic(seed=21, rollouts=60)]
 ROWS = fold_in_order(EVENTS)
@@ -234,3 +241,52 @@ async def test_the_cli_prints_tables_json_and_clear_errors(seeded: DatabaseSetti
         assert result.exit_code != 0, args
         assert expected in result.output, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def drawn(strategy: st.SearchStrategy[T], n: int) -> list[T]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+        return [strategy.example() for _ in range(n)]
+
+
+async def test_any_query_answers_or_says_what_is_wrong(seeded: DatabaseSettings) -> None:
+    """Fuzzed filters, span arguments and CLI lines against the real database: an answer or a
+    QueryError (CLI: exit 1 or 2 with a sentence), never anything else."""
+    answered = refused = 0
+    async with ReadModel.open(seeded) as rm:
+        for options in drawn(FILTER_OPTIONS, 150):
+            try:
+                await rm.rollouts(**options)
+                answered += 1
+            except QueryError:
+                refused += 1
+        some = next(iter(ROLLOUTS))
+        span_args = st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.text(max_size=20),
+                "attempt_id": st.text(max_size=20),
+                "latest_attempt": st.booleans(),
+                "since": st.datetimes(timezones=st.just(UTC)),
+                "until": st.datetimes(),
+                "limit": st.integers(-5, 10**7),
+            },
+        )
+        for rollout_id, args in zip(
+            drawn(st.sampled_from([some, "", "nope", "ro-'; drop table x;--"]), 60),
+            drawn(span_args, 60),
+            strict=True,
+        ):
+            try:
+                await rm.spans(rollout_id, **args)
+                answered += 1
+            except QueryError:
+                refused += 1
+    assert answered and refused
+    url = ("--database-url", seeded.database_url.get_secret_value())
+    # (`query wait` waits as long as it is told: left out.)
+    queries = [p for p in SHORT if p[0] == "query" and p != ("query", "wait")]
+    for args in drawn(invocations(queries), 40):
+        result = await invoke_cli(*url, *args)
+        assert result.exit_code in (0, 1, 2), (args, result.output)
+        assert "Traceback" not in result.output, (args, result.output)
