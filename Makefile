@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install up down status demo test unit integration chaos lint clean
+.PHONY: install up down status demo test unit integration chaos bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,12 @@ integration: $(STAMP)
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long
 
+bench: $(STAMP)  ## regenerate benchmarks/README.md (every benchmark, ~20 minutes; starts the stack)
+	$(BIN)/python -m benchmarks.report
+
 lint: $(STAMP)
-	$(BIN)/ruff check agl_stream tests workers
-	$(BIN)/ruff format --check agl_stream tests workers
+	$(BIN)/ruff check agl_stream tests workers benchmarks
+	$(BIN)/ruff format --check agl_stream tests workers benchmarks
 	$(BIN)/mypy
 
 clean: down

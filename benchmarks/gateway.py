@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 from rich.console import Console
@@ -160,8 +161,11 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--upstream", choices=("stub", "tiny"), default="stub")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
     arguments = parser.parse_args()
     figures = asyncio.run(main(arguments))
     show(figures)
     if arguments.json:
         print(json.dumps(figures, indent=2))
+    if arguments.json_out:
+        arguments.json_out.write_text(json.dumps(figures, indent=2))

@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import asyncpg
 from rich.console import Console
@@ -324,4 +325,9 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=2000, help="spans/s of the steady load")
     parser.add_argument("--steady-seconds", type=float, default=20)
     parser.add_argument("--seed", type=int, default=1)
-    report(asyncio.run(main(parser.parse_args())))
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
+    arguments = parser.parse_args()
+    figures = asyncio.run(main(arguments))
+    report(figures)
+    if arguments.json_out:
+        arguments.json_out.write_text(json.dumps(figures, indent=2))

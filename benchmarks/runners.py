@@ -228,4 +228,9 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--max-rounds", type=int, default=5)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds of sleep per span")
-    report(asyncio.run(main(parser.parse_args())))
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
+    arguments = parser.parse_args()
+    figures = asyncio.run(main(arguments))
+    report(figures)
+    if arguments.json_out:
+        arguments.json_out.write_text(json.dumps(figures, indent=2))

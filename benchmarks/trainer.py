@@ -1,0 +1,130 @@
+"""Trainer throughput: GRPO on the tiny model on the CPU, online and offline.
+
+    .venv/bin/python -m benchmarks.trainer --groups 64 --group-size 8 --groups-per-step 4
+
+Online: a trainer and a runner (the demo's agent, sampling the latest checkpoint in process)
+in this process; --groups tasks of --group-size identical inputs are queued once the first
+version is out; the clock runs from the first to the last step. Offline: `retrain` of the
+same offset range into a fresh checkpoint directory (nothing published): the trainer alone,
+records read back from the broker. Samples are LLM calls trained on (one per attempt here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agl_stream.agent.api import load_agent
+from agl_stream.enqueue import RolloutOptions, enqueue
+from agl_stream.runner.worker import Runner, RunnerConfig
+from agl_stream.training.retrain import resolve_range
+from agl_stream.training.trainer import StepReport, Trainer, TrainerConfig
+from benchmarks.stack import fresh_topics
+
+console = Console()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    run = f"t{uuid.uuid4().hex[:6]}"
+    _, kafka = await fresh_topics(f"bench-{run}")
+    root = Path(tempfile.mkdtemp(prefix="agl-bench-trainer-"))
+    steps: list[tuple[float, StepReport]] = []
+    config = TrainerConfig(
+        checkpoint_dir=str(root / "online"), run_name=run, group_size=args.group_size,
+        groups_per_step=args.groups_per_step, max_steps=args.groups // args.groups_per_step,
+        heartbeat_seconds=5.0,
+    )  # fmt: skip
+    first = asyncio.Event()
+
+    def stepped(r: StepReport) -> None:
+        steps.append((time.monotonic(), r))
+        first.set()
+
+    trainer = Trainer(kafka, config, on_step=stepped)
+    training = asyncio.create_task(trainer.run(asyncio.Event()))
+    runner = Runner(
+        kafka,
+        RunnerConfig(
+            agent=load_agent("agl_stream.demo.task:echo_letter_in_process"),
+            concurrency=args.concurrency, heartbeat_seconds=5.0,
+        ),
+    )  # fmt: skip
+    stop_runner = asyncio.Event()
+    running = asyncio.create_task(runner.run(stop_runner))
+    with console.status("online: runner and trainer..."):
+        await first.wait()  # version 0 is out
+        for g in range(args.groups):
+            await enqueue(
+                kafka, [{"letter": "abcde"[g % 5]}] * args.group_size,
+                RolloutOptions(metadata={"group": f"{run}-{g}"}),
+            )  # fmt: skip
+        await asyncio.wait_for(training, args.timeout)
+    stop_runner.set()
+    await asyncio.wait_for(running, 60)
+    trained = steps[1:]
+    online_seconds = trained[-1][0] - steps[0][0]
+    online_samples = sum(r.counts.get("samples", 0) for _, r in trained)
+
+    start, until = await resolve_range(kafka, {}, {})
+    offline = TrainerConfig(
+        checkpoint_dir=str(root / "offline"), run_name=f"{run}-offline",
+        group_size=args.group_size, groups_per_step=args.groups_per_step, publish=False,
+        start=start, until=until,
+    )  # fmt: skip
+    offline_steps: list[StepReport] = []
+    began = time.monotonic()
+    with console.status("offline: retrain of the same range..."):
+        await asyncio.wait_for(
+            Trainer(kafka, offline, on_step=offline_steps.append).run(asyncio.Event()),
+            args.timeout,
+        )
+    offline_seconds = time.monotonic() - began
+    offline_samples = sum(r.counts.get("samples", 0) for r in offline_steps)
+    update_seconds = [r.seconds for _, r in trained]
+    return {
+        "groups": args.groups, "group_size": args.group_size,
+        "groups_per_step": args.groups_per_step, "steps": len(trained),
+        "online_samples": online_samples, "online_seconds": round(online_seconds, 1),
+        "online_samples_per_s": round(online_samples / online_seconds, 1),
+        "offline_samples": offline_samples, "offline_seconds": round(offline_seconds, 1),
+        "offline_samples_per_s": round(offline_samples / offline_seconds, 1),
+        "step_seconds_mean": round(sum(update_seconds) / len(update_seconds), 2),
+        "peak_rss_mb_of_this_process": round(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
+        ),
+    }  # fmt: skip
+
+
+def report(result: dict[str, Any]) -> None:
+    table = Table(title="trainer benchmark", title_justify="left", show_header=False)
+    for key, value in result.items():
+        table.add_row(key, str(value))
+    console.print(table)
+    console.print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
+    arguments = parser.parse_args()
+    figures = asyncio.run(main(arguments))
+    report(figures)
+    if arguments.json_out:
+        arguments.json_out.write_text(json.dumps(figures, indent=2))
