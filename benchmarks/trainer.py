@@ -21,17 +21,34 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from aiokafka import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from agl_stream.agent.api import load_agent
+from agl_stream.config import KafkaSettings
 from agl_stream.enqueue import RolloutOptions, enqueue
+from agl_stream.events import ResourcesPublished
 from agl_stream.runner.worker import Runner, RunnerConfig
+from agl_stream.streams import read_partitions
 from agl_stream.training.retrain import resolve_range
 from agl_stream.training.trainer import StepReport, Trainer, TrainerConfig
 from benchmarks.stack import fresh_topics
 
 console = Console()
+
+
+async def version_zero(kafka: KafkaSettings, resources_id: str) -> None:
+    """Until the trainer has published its first version (what runners sample)."""
+    tp = TopicPartition(kafka.topic("resources"), 0)
+    for _ in range(600):
+        events = await read_partitions(kafka, [tp])
+        if any(
+            isinstance(e, ResourcesPublished) and e.resources_id == resources_id for e in events
+        ):
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"the trainer did not publish {resources_id} in 5 minutes")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,13 +61,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         groups_per_step=args.groups_per_step, max_steps=args.groups // args.groups_per_step,
         heartbeat_seconds=5.0,
     )  # fmt: skip
-    first = asyncio.Event()
-
-    def stepped(r: StepReport) -> None:
-        steps.append((time.monotonic(), r))
-        first.set()
-
-    trainer = Trainer(kafka, config, on_step=stepped)
+    trainer = Trainer(kafka, config, on_step=lambda r: steps.append((time.monotonic(), r)))
     training = asyncio.create_task(trainer.run(asyncio.Event()))
     runner = Runner(
         kafka,
@@ -62,7 +73,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     stop_runner = asyncio.Event()
     running = asyncio.create_task(runner.run(stop_runner))
     with console.status("online: runner and trainer..."):
-        await first.wait()  # version 0 is out
+        await version_zero(kafka, f"{run}-v0")
+        began = time.monotonic()
         for g in range(args.groups):
             await enqueue(
                 kafka, [{"letter": "abcde"[g % 5]}] * args.group_size,
@@ -71,8 +83,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.wait_for(training, args.timeout)
     stop_runner.set()
     await asyncio.wait_for(running, 60)
-    trained = steps[1:]
-    online_seconds = trained[-1][0] - steps[0][0]
+    trained = steps
+    online_seconds = trained[-1][0] - began
     online_samples = sum(r.counts.get("samples", 0) for _, r in trained)
 
     start, until = await resolve_range(kafka, {}, {})
