@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import aiohttp
 from rich.console import Console
@@ -29,7 +27,7 @@ from rich.table import Table
 from agl_stream.config import child_environment
 from agl_stream.embedded.process import free_port
 from benchmarks.runners import percentile
-from benchmarks.stack import fresh_topics
+from benchmarks.stack import fresh_topics, run_benchmark
 
 console = Console()
 MESSAGES = [{"role": "user", "content": "How many letters are in the word 'gateway'?"}]
@@ -160,12 +158,4 @@ if __name__ == "__main__":
     parser.add_argument("--latency-calls", type=int, default=200, help="calls per latency run")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--upstream", choices=("stub", "tiny"), default="stub")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
-    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
-    arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
-    show(figures)
-    if arguments.json:
-        print(json.dumps(figures, indent=2))
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    run_benchmark(parser, main, show)

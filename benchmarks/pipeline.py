@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -32,7 +31,7 @@ from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.kafka import producer
 from agl_stream.streams import EventPublisher, Topics
 from benchmarks.runners import percentile, sample
-from benchmarks.stack import fresh_topics
+from benchmarks.stack import fresh_topics, run_benchmark
 
 console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -190,9 +189,4 @@ if __name__ == "__main__":
     parser.add_argument(
         "--sample-every", type=float, default=30, help="seconds between RSS samples"
     )
-    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
-    arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
-    report(figures)
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    run_benchmark(parser, main, report)

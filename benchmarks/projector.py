@@ -24,12 +24,10 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from agl_stream.config import (
     DatabaseSettings,
@@ -55,7 +53,7 @@ from agl_stream.projection.rows import SpanRow, columns, values
 from agl_stream.projection.store import connect
 from agl_stream.streams import EventPublisher, Topics
 from benchmarks.runners import sample
-from benchmarks.stack import fresh_topics
+from benchmarks.stack import fresh_topics, key_value_table, run_benchmark
 from benchmarks.synthetic import _flat, attributes
 
 console = Console()
@@ -308,10 +306,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
 
 def report(result: dict[str, object]) -> None:
-    table = Table(title="projection benchmark", title_justify="left", show_header=False)
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    console.print(table)
+    console.print(key_value_table("projection benchmark", result))
     console.print(json.dumps(result))
 
 
@@ -325,9 +320,4 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=2000, help="spans/s of the steady load")
     parser.add_argument("--steady-seconds", type=float, default=20)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
-    arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
-    report(figures)
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    run_benchmark(parser, main, report)

@@ -242,7 +242,7 @@ def main() -> None:
         "",
     ]
     args.out.write_text("\n".join(header) + "\n" + "\n".join(parts))
-    console.print(f"wrote {shlex.quote(str(args.out.relative_to(ROOT)))}")
+    console.print(f"wrote {shlex.quote(str(args.out))}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, 
 from agl_stream.kafka import consumer, end_offsets
 from agl_stream.streams import read_records
 from agl_stream.topic_spec import load_topic_specs
-from benchmarks.stack import fresh_topics
+from benchmarks.stack import fresh_topics, run_benchmark
 
 console = Console()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -228,9 +228,4 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--max-rounds", type=int, default=5)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds of sleep per span")
-    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
-    arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
-    report(figures)
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    run_benchmark(parser, main, report)

@@ -3,9 +3,20 @@ fresh set of topics of its own, so runs never read each other's records."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from rich.table import Table
+
 from agl_stream.config import KafkaSettings, StackSettings, load
 from agl_stream.embedded.stack import EmbeddedStack, StackState
 from agl_stream.topic_admin import apply_topics
+
+F = TypeVar("F")
 
 
 async def fresh_topics(prefix: str) -> tuple[StackState, KafkaSettings]:
@@ -17,3 +28,26 @@ async def fresh_topics(prefix: str) -> tuple[StackState, KafkaSettings]:
     )
     await apply_topics(kafka)
     return state, kafka
+
+
+def run_benchmark(
+    parser: argparse.ArgumentParser,
+    main: Callable[[argparse.Namespace], Awaitable[F]],
+    report: Callable[[F], None],
+) -> F:
+    """What every benchmark's command line does: parse, run, show the figures, and write
+    them to --json-out when asked (benchmarks.report reads them there)."""
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
+    arguments = parser.parse_args()
+    figures = asyncio.run(main(arguments))
+    report(figures)
+    if arguments.json_out:
+        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    return figures
+
+
+def key_value_table(title: str, figures: Mapping[str, object]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False)
+    for key, value in figures.items():
+        table.add_row(key, str(value))
+    return table

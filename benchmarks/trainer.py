@@ -23,7 +23,6 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from rich.console import Console
-from rich.table import Table
 
 from agl_stream.agent.api import load_agent
 from agl_stream.config import KafkaSettings
@@ -33,7 +32,7 @@ from agl_stream.runner.worker import Runner, RunnerConfig
 from agl_stream.streams import read_partitions
 from agl_stream.training.retrain import resolve_range
 from agl_stream.training.trainer import StepReport, Trainer, TrainerConfig
-from benchmarks.stack import fresh_topics
+from benchmarks.stack import fresh_topics, key_value_table, run_benchmark
 
 console = Console()
 
@@ -118,10 +117,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> None:
-    table = Table(title="trainer benchmark", title_justify="left", show_header=False)
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    console.print(table)
+    console.print(key_value_table("trainer benchmark", result))
     console.print(json.dumps(result))
 
 
@@ -134,9 +130,4 @@ if __name__ == "__main__":
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
-    arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
-    report(figures)
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
+    run_benchmark(parser, main, report)
