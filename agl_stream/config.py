@@ -208,6 +208,14 @@ class StackSettings(_Settings):
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().absolute()
 
+    @model_validator(mode="after")
+    def _two_ports(self) -> StackSettings:
+        if self.broker_port == self.postgres_port:
+            raise ValueError(
+                f"the broker and PostgreSQL cannot both listen on port {self.broker_port}"
+            )
+        return self
+
 
 S = TypeVar("S", bound=_Settings)
 

@@ -31,6 +31,16 @@ def pick_port(low: int, high: int, attempts: int = 200) -> int:
     raise StackError(f"no free port between {low} and {high}")
 
 
+def pick_ports(count: int, low: int, high: int) -> list[int]:
+    """`count` different free ports in [low, high)."""
+    picked: list[int] = []
+    while len(picked) < count:
+        port = pick_port(low, high)
+        if port not in picked:
+            picked.append(port)
+    return picked
+
+
 def port_free(port: int) -> bool:
     """Whether a server could listen on the port now. SO_REUSEADDR, as servers set it, so a
     port whose old connections linger in TIME_WAIT counts as free."""

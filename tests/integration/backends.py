@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agl_stream.config import StackSettings, load
-from agl_stream.embedded.process import pick_port
+from agl_stream.embedded.process import pick_ports
 from agl_stream.embedded.stack import EmbeddedStack
 
 
@@ -69,12 +69,9 @@ def embedded(private_home: Path) -> Iterator[Backend]:
             **signals(running.broker_pid),
         )
         return
+    broker_port, postgres_port = pick_ports(2, 32_000, 32_700)
     stack = EmbeddedStack(
-        StackSettings(
-            home=private_home,
-            broker_port=pick_port(32_000, 32_700),
-            postgres_port=pick_port(32_000, 32_700),
-        )
+        StackSettings(home=private_home, broker_port=broker_port, postgres_port=postgres_port)
     )
     state = stack.up()
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from agl_stream.config import KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import head_revision
-from agl_stream.embedded.process import alive, pick_port
+from agl_stream.embedded.process import alive, pick_ports
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import EventPublisher, EventStream, Topics
@@ -27,7 +27,7 @@ async def _invoke(*args: str) -> str:
 
 async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
     home = traversable(tmp_path) / "stack"
-    broker_port, pg_port = pick_port(32_000, 32_700), pick_port(32_000, 32_700)
+    broker_port, pg_port = pick_ports(2, 32_000, 32_700)
     flags = [
         "--home",
         str(home),

@@ -94,3 +94,8 @@ def test_stack_home_is_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: objec
     monkeypatch.setenv("AGL_STREAM_BROKER_PORT", "70000")
     with pytest.raises(ConfigError, match="--broker-port / AGL_STREAM_BROKER_PORT"):
         load(StackSettings)
+
+
+def test_the_broker_and_postgres_need_different_ports() -> None:
+    with pytest.raises(ConfigError, match="cannot both listen on port 30000"):
+        load(StackSettings, broker_port=30000, postgres_port=30000)
