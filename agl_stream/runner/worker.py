@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
@@ -354,19 +355,31 @@ class Runner:
     # -- offsets, partitions ----------------------------------------------------------------
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit each partition up to its lowest unfinished record. A commit the group
+        refuses (this runner was cut off and the group moved on without it) is given up:
+        the partition's next owner starts from the last commit and skips, from the
+        rollouts topic, what already finished, so nothing is lost or run twice."""
         assert self._consumer is not None
+        assigned = self._consumer.assignment()
         offsets = {}
         for tp, progress in self.progress.items():
             position = progress.commit_position()
             if (
                 position is not None
                 and (only is None or tp in only)
+                and tp in assigned
                 and self._committed.get(tp) != position
             ):
                 offsets[tp] = position
-        if offsets:
+        if not offsets:
+            return
+        try:
             await self._consumer.commit(offsets)
-            self._committed.update(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            self.counts["commits_refused"] += 1
+            log.warning("offsets not committed, the group has moved on: %s", exc)
+            return
+        self._committed.update(offsets)
 
     async def hand_back(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: stop their attempts (the next owner runs them again)
