@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import click
-from aiokafka.errors import KafkaConnectionError
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
 from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import migrate
 from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.topic_admin import ApplyReport, apply_topics
+from agl_stream.topic_admin import apply_topics
 
 
 def _stack(home: Path | None, broker_port: int | None, postgres_port: int | None) -> EmbeddedStack:
@@ -51,7 +48,7 @@ def up(
     )
     database = load(DatabaseSettings, database_url=state.database_url)
     with console.status("applying topics and the database schema..."):
-        report = run(apply_when_ready(kafka))
+        report = run(apply_topics(kafka))
         revision = run(migrate(database))
     table = Table(title="agl-stream embedded stack is up", show_header=False, title_justify="left")
     table.add_row("broker", state.bootstrap_servers)
@@ -89,16 +86,3 @@ def down(home: Path | None) -> None:
     with console.status("stopping..."):
         stopped = stack.down()
     console.print("stopped" if stopped else f"nothing was running under {stack.home}")
-
-
-async def apply_when_ready(kafka: KafkaSettings, within: float = 30.0) -> ApplyReport:
-    """Apply the topics; a broker just restarted listens before it serves (it closes
-    connections while it loads its storage), so a refused bootstrap is tried again."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return await apply_topics(kafka)
-        except KafkaConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from importlib.util import find_spec
 from pathlib import Path
 
 from agl_stream.embedded import seaweed
-from agl_stream.embedded.process import StackError, alive, port_open, spawn, stop, wait_until
+from agl_stream.embedded.process import StackError, alive, spawn, stop, wait_until
 
 
 def tansu_binary() -> Path:
@@ -36,11 +38,32 @@ def start(home: Path, port: int, s3_port: int, secret: str) -> int:
         "--storage-engine", f"s3://{seaweed.BUCKET}/",
     ]  # fmt: skip
     pid = spawn(argv, log, env=env)
-    wait_until(lambda: port_open(port) or not alive(pid), 30, "the broker", log)
+    wait_until(lambda: answers(port) or not alive(pid), 30, "the broker", log)
     time.sleep(0.2)  # a broker that could not bind exits at once; someone else has the port
     if not alive(pid):
         raise StackError(f"the broker exited at start (is port {port} taken?); see {log}")
     return pid
+
+
+def answers(port: int) -> bool:
+    """Whether the broker serves Kafka requests (an ApiVersions v0 round trip), not only
+    accepts connections: after a restart it listens while it loads its storage and closes
+    the connections it accepted meanwhile."""
+    correlation = 1
+    request = struct.pack(">hhih", 18, 0, correlation, 3) + b"agl"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            header = b""
+            while len(header) < 8:
+                chunk = sock.recv(8 - len(header))
+                if not chunk:
+                    return False
+                header += chunk
+    except OSError:
+        return False
+    received: int = struct.unpack(">ii", header)[1]
+    return received == correlation
 
 
 def stop_broker(pid: int | None) -> None:

@@ -52,16 +52,15 @@ class RolloutFilter(BaseModel):
     @field_validator("worker_id", "resources_id")
     @classmethod
     def _text(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:
-            raise ValueError("contains a NUL character (\\x00), which no stored text has")
+        if _has_nul(value):
+            raise ValueError(NUL)
         return value
 
     @field_validator("metadata")
     @classmethod
     def _metadata_text(cls, value: dict[str, str | None]) -> dict[str, str | None]:
-        for k, v in value.items():
-            if "\x00" in k or (v is not None and "\x00" in v):
-                raise ValueError("contains a NUL character (\\x00), which no stored text has")
+        if any(_has_nul(k, v) for k, v in value.items()):
+            raise ValueError(NUL)
         return value
 
     @field_validator("since", "until")
@@ -127,11 +126,18 @@ def decode_cursor(cursor: str, sort: str, descending: bool) -> tuple[Any, str]:
     return value, str(rollout_id)
 
 
+NUL = "contains a NUL character (\\x00), which no stored text has"
+
+
+def _has_nul(*values: str | None) -> bool:
+    return any(v is not None and "\x00" in v for v in values)
+
+
 def check_text(**values: str | None) -> None:
     """PostgreSQL text cannot hold NUL: a value with one matches nothing and is refused."""
     for name, value in values.items():
-        if value is not None and "\x00" in value:
-            raise QueryError(f"{name} contains a NUL character (\\x00), which no stored text has")
+        if _has_nul(value):
+            raise QueryError(f"{name} {NUL}")
 
 
 def check_limit(limit: int, most: int = MAX_LIMIT) -> int:

@@ -194,9 +194,8 @@ class Summary:
             f"  attempts      {self.attempts:,} ({self.reruns:,} beyond one per rollout: "
             f"retries and re-runs after kills; {self.second_successes} rollouts run to success "
             "twice, counted once)",
-            f"  spans         {self.spans:,} in the read model, every finished attempt complete"
-            if "incomplete attempts" not in self.lost or not self.lost["incomplete attempts"]
-            else f"  spans         {self.spans:,} in the read model",
+            f"  spans         {self.spans:,} in the read model"
+            + ("" if self.lost.get("incomplete attempts") else ", every finished attempt complete"),
             f"  faults        {sum(self.faults.values())}: {faults} "
             f"(broker paused {self.paused_seconds:.1f} s in all)",
             f"  restarts      {restarts}; workers that died by themselves: {self.died}",

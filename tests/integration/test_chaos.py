@@ -69,14 +69,9 @@ async def trickle(
 
 
 async def terminal_count(database: DatabaseSettings) -> int:
-    count, cursor = 0, None
     async with ReadModel.open(database) as rm:
-        while True:
-            page = await rm.rollouts(status=TERMINAL, sort="id", limit=1000, cursor=cursor)
-            count += len(page.items)
-            cursor = page.next_cursor
-            if cursor is None:
-                return count
+        counts = await rm.status_counts()
+    return sum(counts.get(status, 0) for status in TERMINAL)
 
 
 async def fault(
@@ -156,7 +151,7 @@ async def test_chaos(
 
     # What the query API says.
     live = await dump(database)
-    wanted = dict(zip(ids, range(len(ids)), strict=True))
+    wanted = {rollout_id: index for index, rollout_id in enumerate(ids)}
     not_terminal, wrong_status, doubled, incomplete = [], [], [], []
     for rollout_id, index in wanted.items():
         entry = live.get(rollout_id)

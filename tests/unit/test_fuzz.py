@@ -28,6 +28,7 @@ from agl_stream.embedded.process import pick_port
 from agl_stream.enqueue import EnqueueError, RolloutOptions, make_rollout, read_tasks
 from agl_stream.events import AttemptStatus, RolloutMode
 from agl_stream.queries.params import QueryError, RolloutFilter, decode_cursor
+from tests.unit.test_cli import _commands
 
 # Commands that would start something long-lived when their input happens to be valid:
 # only their parsing is fuzzed. The others run to the end against nothing listening.
@@ -42,22 +43,17 @@ UNREACHABLE_ENV = {
 }
 
 
-def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    out = []
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            out += _leaves(command, (*prefix, name))
-        else:
-            out.append((*prefix, name))
-    return out
-
-
 def _command(path: tuple[str, ...]) -> click.Command:
     command: click.Command = cli
     for name in path:
         assert isinstance(command, click.Group)
         command = command.commands[name]
     return command
+
+
+def _leaves(group: click.Group) -> list[tuple[str, ...]]:
+    """Every command that runs (not a group), as test_cli lists them."""
+    return [p for p in _commands(group) if not isinstance(_command(p), click.Group)]
 
 
 def _option_names(command: click.Command) -> list[str]:
