@@ -21,7 +21,7 @@ from agl_stream.cli.common import (
 from agl_stream.cli.times import TIME
 from agl_stream.training.trajectories import TRAINED_TOPICS
 
-ALGORITHMS = ("grpo",)
+ALGORITHMS = ("grpo", "apo")
 
 
 def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,8 +33,9 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Where the trainer writes checkpoints and resumes from."),
         click.option("--init-model", default="tiny", show_default=True,
                      help="The policy of a fresh run: 'tiny' (random, CPU) or a checkpoint path."),
-        click.option("--run-name", default="grpo", show_default=True,
-                     help="Prefix of the resources ids the trainer publishes."),
+        click.option("--run-name",
+                     help="Prefix of the resources ids the trainer publishes. "
+                          "[default: the algorithm's name]"),
         click.option("--group-size", type=click.IntRange(1), default=8, show_default=True,
                      help="Attempts of one task that make a GRPO group."),
         click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
@@ -84,7 +85,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         raise click.UsageError(str(exc)) from None
     return TrainerConfig(
         checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
-        run_name=options["run_name"], group_size=options["group_size"],
+        run_name=options["run_name"] or "grpo", group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
         start_latest=options["start"] == "latest",
@@ -157,6 +158,10 @@ def retrain_command(
     from agl_stream.training.checkpoints import CheckpointStore
     from agl_stream.training.retrain import resolve_range
 
+    if options["algorithm"] != "grpo":
+        raise click.UsageError(
+            f"retrain trains a policy offline with GRPO; {options['algorithm']} runs online only"
+        )
     config = trainer_config(**options)
     if CheckpointStore(config.checkpoint_dir).steps():
         raise click.UsageError(

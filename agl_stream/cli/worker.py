@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from agl_stream.agent.api import load_agent
+from agl_stream.cli.apo import apo_config, apo_options, run_apo
 from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_signals
 from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
 from agl_stream.config import current_role
@@ -88,6 +89,7 @@ ROLES = ("runner", "projector", "trainer")
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
 @trainer_options
+@apo_options
 @click.pass_obj
 @friendly_errors
 def worker(
@@ -120,6 +122,11 @@ def worker(
     A trainer (one per run) turns finished train-mode attempts into updates of a policy,
     writes a checkpoint per step to --checkpoint-dir and publishes it as a resources version;
     killed and restarted, it goes on from its latest checkpoint.
+
+    With --algorithm apo the trainer improves a prompt template instead: it queues rollouts
+    pinned to candidate templates, has the optimizer LLM critique the worst and rewrite the
+    template, keeps the best by mean reward on --val-tasks and publishes it (needs a
+    projector: it reads results from the read model). Its state lives in --checkpoint-dir.
     """
     if role is None:
         raise click.UsageError(
@@ -140,6 +147,12 @@ def worker(
         console.print(f"projector {config.worker_id}: group {projector.group_id}", highlight=False)
         asyncio.run(_run_until_signal(projector))
         console.print(f"projector {config.worker_id} stopped: {dict(projector.counts)}")
+        return
+    if role == "trainer" and trainer["algorithm"] == "apo":
+        apo = apo_config(trainer)
+        if worker_id:
+            apo.worker_id = worker_id
+        run_apo(app, apo)
         return
     if role == "trainer":
         config = trainer_config(**trainer)

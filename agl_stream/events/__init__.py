@@ -3,6 +3,7 @@
 from agl_stream.events.base import AttemptStatus, ErrorInfo, Event, RolloutMode
 from agl_stream.events.resources import (
     LLM,
+    PIN_ONLY,
     Checkpoint,
     PromptTemplate,
     Resource,
@@ -44,6 +45,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 __all__ = [
     "EVENT_TYPES",
     "LLM",
+    "PIN_ONLY",
     "AttemptFinished",
     "AttemptStarted",
     "AttemptStatus",

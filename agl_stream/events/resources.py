@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field
 
 from agl_stream.events.base import Event, Record
+from agl_stream.templates import placeholders, render
+
+# A version published with metadata pin_only=true (an algorithm's candidate under evaluation)
+# runs only in tasks that pin it: it never becomes the latest version.
+PIN_ONLY = "pin_only"
 
 _CONTENT_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -37,6 +42,13 @@ class PromptTemplate(Record):
     template: str
     engine: TemplateEngine = TemplateEngine.F_STRING
 
+    def format(self, **values: Any) -> str:
+        """The template filled in (f_string or jinja); raises TemplateError when it cannot be."""
+        return render(self.template, self.engine.value, values)
+
+    def placeholders(self) -> frozenset[str]:
+        return placeholders(self.template, self.engine.value)
+
 
 class Checkpoint(Record):
     """Model weights by reference; the bytes never travel on a topic."""
@@ -58,3 +70,7 @@ class ResourcesPublished(Event):
     published_by: str | None = None
     parent_resources_id: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def pin_only(self) -> bool:
+        return self.metadata.get(PIN_ONLY) == "true"

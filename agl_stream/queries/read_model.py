@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from agl_stream.config import DatabaseSettings
 from agl_stream.db import schema as db
+from agl_stream.events import PIN_ONLY
 from agl_stream.projection.store import NOTIFY_CHANNEL
 from agl_stream.queries.models import (
     Attempt,
@@ -219,10 +220,15 @@ class ReadModel:
         return [Resources.model_validate(dict(x)) for x in await self._all(query.limit(limit))]
 
     async def latest_resources(self) -> Resources:
-        history = await self.resources_history(limit=1)
-        if not history:
+        """The version runners hand out: the highest one that is not pin-only."""
+        r = db.resources.c
+        query = select(*(getattr(r, f) for f in Resources.model_fields))
+        query = query.where(r["metadata"][PIN_ONLY].astext.is_distinct_from("true"))
+        query = query.order_by(r.version.desc(), r.published_at.desc(), r.resources_id)
+        rows = await self._all(query.limit(1))
+        if not rows:
             raise NotFound("no resources have been published")
-        return history[0]
+        return Resources.model_validate(dict(rows[0]))
 
     async def workers(
         self, *, role: str | None = None, now: datetime | None = None

@@ -356,6 +356,8 @@ class Trainer:
         for event in await read_partitions(self.kafka, tps):
             if isinstance(event, ResourcesPublished):
                 self.versions[event.resources_id] = event.version
+                if event.pin_only:
+                    continue
                 if latest is None or event.version >= latest.version:
                     latest = event
         if latest is not None:

@@ -18,7 +18,7 @@ as a problem (rollout, attempt, span) and left out, never dropped silently.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -166,21 +166,26 @@ class Transcript:
 def build_transcript(trajectory: Trajectory) -> Transcript:
     """The conversation as the agent had it: the last call's messages (or each call's
     prompt text) followed by the model's answers, with the attempt's final reward."""
+    messages = call_messages(span.attributes for span in llm_calls(trajectory))
+    return Transcript(
+        trajectory.rollout_id, trajectory.attempt_id, tuple(messages), trajectory.reward
+    )
+
+
+def call_messages(calls: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The conversation told by LLM-call span attributes, in call order: the last call's
+    messages (or each call's prompt text), each followed by the model's answer."""
     messages: list[dict[str, str]] = []
-    for span in llm_calls(trajectory):
-        prompt = json.loads(str(span.attributes.get(PROMPT_JSON) or "{}"))
+    for attributes in calls:
+        prompt = json.loads(str(attributes.get(PROMPT_JSON) or "{}"))
         sent = prompt.get("messages")
         if isinstance(sent, list):
             # Each call sends the conversation so far: the latest one is the whole of it.
             messages = [{str(k): str(v) for k, v in m.items()} for m in sent]
         elif prompt.get("text"):
             messages.append({"role": "user", "content": str(prompt["text"])})
-        messages.append(
-            {"role": "assistant", "content": str(span.attributes.get(COMPLETION) or "")}
-        )
-    return Transcript(
-        trajectory.rollout_id, trajectory.attempt_id, tuple(messages), trajectory.reward
-    )
+        messages.append({"role": "assistant", "content": str(attributes.get(COMPLETION) or "")})
+    return messages
 
 
 def finetune_jsonl(transcripts: Sequence[Transcript], min_reward: float | None = None) -> str:

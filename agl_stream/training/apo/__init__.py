@@ -1,0 +1,1 @@
+"""APO: prompt optimisation by critique, rewrite and measured reward."""
