@@ -32,6 +32,8 @@ def apo_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "[env: OPENAI_BASE_URL]"),
         click.option("--optimizer-model", default="gpt-4.1-mini", show_default=True,
                      help="APO: the model name sent to the optimizer endpoint."),
+        click.option("--optimizer-max-tokens", type=click.IntRange(1), default=1024,
+                     show_default=True, help="APO: most tokens of each critique or rewrite."),
         click.option("--rounds", type=click.IntRange(0), default=3, show_default=True,
                      help="APO: rounds of critique and rewrite after measuring the seed."),
         click.option("--beam-width", type=click.IntRange(1), default=2, show_default=True,
@@ -97,7 +99,7 @@ def apo_config(options: dict[str, Any]) -> Any:
         engine=TemplateEngine(options["engine"]), run_name=options["run_name"] or "apo",
         rounds=options["rounds"], beam_width=options["beam_width"], branch=options["branch"],
         train_batch=options["train_batch"], rollout_timeout=options["rollout_timeout"],
-        seed=options["seed"],
+        seed=options["seed"], max_tokens=options["optimizer_max_tokens"],
     )  # fmt: skip
     import os
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiokafka import TopicPartition
 
@@ -23,8 +24,11 @@ from agl_stream.events import LLM, ResourcesPublished, RolloutQueued
 from agl_stream.kafka import producer
 from agl_stream.queries import ReadModel
 from agl_stream.runner.resources import ResourceCache
+from agl_stream.serving.engine import Loaded
+from agl_stream.serving.server import PolicyServer
 from agl_stream.streams import EventPublisher, Topics, read_partitions
-from agl_stream.training.apo.optimizer import Apo, ApoConfig, RoundReport, read_state
+from agl_stream.training.apo.optimizer import Apo, ApoConfig, ApoError, RoundReport, read_state
+from agl_stream.training.model import tiny_chat_policy
 from tests import apo_world
 from tests.integration.helpers import eventually
 from tests.integration.projection import projector_in_process
@@ -134,6 +138,33 @@ async def test_apo_keeps_the_best_template_by_measured_reward(
     # The critic saw the attempts' conversations: one critique per parent and round.
     assert Counter(app[apo_world.CALLS])["You review t"] == 1 + 2
     assert len(state.critiques) == 3
+
+
+async def test_an_optimizer_that_cannot_take_the_request_stops_apo_with_its_reason(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    """The project's own policy server (a tiny chat model, 256 tokens of context) as the
+    optimizer: the critique request does not fit, and APO says so instead of going on."""
+    server = PolicyServer()
+    server.load(Loaded(tiny_chat_policy(seed=3), "chat-v1"))
+    optimizer = f"{await server.start('127.0.0.1', 0)}/v1"
+    try:
+        async with world_endpoint() as (endpoint, _):
+            await publish_llm(kafka, endpoint)
+            apo = Apo(kafka, database, config(tmp_path / "apo", optimizer, max_tokens=64))
+            async with (
+                projector_in_process(kafka, database),
+                runner_in_process(kafka, AGENT, concurrency=16),
+            ):
+                with pytest.raises(ApoError, match=r"failed: .*exceed the model's context of 256"):
+                    await asyncio.wait_for(apo.run(asyncio.Event()), 120)
+    finally:
+        await server.stop()
+    state = read_state(str(tmp_path / "apo"))
+    assert state is not None
+    assert state.round == 1  # the seed was measured; nothing after it was made up
+    assert state.critiques == {}
+    assert list(state.candidates) == ["c0"]
 
 
 async def apo_process(
