@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, stop_on_signals
+from agl_stream.cli.common import AppContext, console, stop_on_signals, text_or_file
 from agl_stream.enqueue import EnqueueError, read_tasks
 
 
@@ -62,15 +62,6 @@ def _tasks(path: Path | None, flag: str) -> list[Any]:
     return tasks
 
 
-def _seed(text: str | None) -> str | None:
-    if text is None or not text.startswith("@"):
-        return text
-    try:
-        return Path(text[1:]).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {text[1:]}: {exc}", param_hint="--prompt") from None
-
-
 def apo_config(options: dict[str, Any]) -> Any:
     from agl_stream.events import TemplateEngine
     from agl_stream.templates import TemplateError, placeholders
@@ -83,7 +74,8 @@ def apo_config(options: dict[str, Any]) -> Any:
             "APO needs --optimizer-endpoint URL (or OPENAI_BASE_URL): an OpenAI-compatible "
             "endpoint that writes critiques and rewrites"
         )
-    seed = _seed(options["seed_prompt"])
+    seed = options["seed_prompt"]
+    seed = None if seed is None else text_or_file(seed, "--prompt")
     if seed is not None:
         try:
             placeholders(seed, options["engine"])

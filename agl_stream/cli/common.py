@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import asyncpg
@@ -97,6 +98,27 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def run(coro: Coroutine[Any, Any, R]) -> R:
     return asyncio.run(coro)
+
+
+def parse_key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """KEY=VALUE options (repeatable) as a dict; a bad one is a usage error naming it."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
+        out[key] = value
+    return out
+
+
+def text_or_file(value: str, flag: str) -> str:
+    """An option's text as given, or a file's when it is @PATH."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {value[1:]}: {exc}", param_hint=flag) from None
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -8,21 +8,11 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.cli.common import AppContext, console, friendly_errors, parse_key_values, run
 from agl_stream.enqueue import EnqueueError, RolloutOptions, enqueue, read_tasks
 from agl_stream.events import AttemptStatus, RolloutMode
 
 RETRYABLE = ["failed", "timeout", "unresponsive"]
-
-
-def _metadata(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--metadata")
-        out[key] = value
-    return out
 
 
 @click.command("enqueue")
@@ -83,7 +73,8 @@ def enqueue_command(
     options = RolloutOptions(
         mode=RolloutMode(mode), resources_id=resources_id, timeout_seconds=timeout_seconds,
         unresponsive_seconds=unresponsive_seconds, max_attempts=max_attempts,
-        retry_condition=tuple(AttemptStatus(s) for s in retry_on), metadata=_metadata(metadata),
+        retry_condition=tuple(AttemptStatus(s) for s in retry_on),
+        metadata=parse_key_values(metadata, "--metadata"),
     )  # fmt: skip
     try:
         tasks = list(read_tasks(source, fmt, sys.stdin))

@@ -12,6 +12,7 @@ from agl_stream.cli import (
     enqueue,
     query,
     replay,
+    resources,
     schemas,
     serving,
     stack,
@@ -68,6 +69,7 @@ cli.add_command(db.db)
 cli.add_command(enqueue.enqueue_command)
 cli.add_command(worker.worker)
 cli.add_command(query.query)
+cli.add_command(resources.resources)
 cli.add_command(replay.replay_command)
 cli.add_command(train.retrain_command)
 cli.add_command(train.checkpoints_command)

@@ -53,11 +53,31 @@ class ResourceCache:
             self._changed = asyncio.Event()
         await self._changed.wait()
 
+    @property
+    def top_version(self) -> int:
+        """The highest version number published, pin-only ones included (-1: none)."""
+        return max((e.version for e in self.versions.values()), default=-1)
+
     def resolve(self, pinned: str | None) -> ResourcesPublished | None:
         """The pinned version, or the latest; raises KeyError for an unknown pin."""
         if pinned is None:
             return self.latest
         return self.versions[pinned]
+
+
+def resource_partitions(kafka: KafkaSettings) -> list[TopicPartition]:
+    topics = Topics(kafka)
+    topic = topics.name("resources")
+    return [TopicPartition(topic, p) for p in range(topics.specs["resources"].partitions)]
+
+
+async def read_resources(kafka: KafkaSettings) -> ResourceCache:
+    """Every version on the compacted resources topic now (undecodable records skipped)."""
+    cache = ResourceCache()
+    for event in await read_partitions(kafka, resource_partitions(kafka)):
+        if isinstance(event, ResourcesPublished):
+            cache.apply(event)
+    return cache
 
 
 async def follow_resources(
@@ -70,8 +90,7 @@ async def follow_resources(
     """Fold the compacted resources topic into `cache` from its start (then call `loaded`),
     and go on folding what is published. Undecodable records go to the dead-letter topic."""
     topics = Topics(kafka)
-    topic = topics.name("resources")
-    tps = [TopicPartition(topic, p) for p in range(topics.specs["resources"].partitions)]
+    tps = resource_partitions(kafka)
     ends: dict[TopicPartition, int] = {}
     for event in await read_partitions(kafka, tps, ends):
         if isinstance(event, ResourcesPublished):

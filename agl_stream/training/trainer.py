@@ -35,7 +35,8 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.kafka import consumer, producer
-from agl_stream.streams import EventPublisher, EventStream, Topics, read_partitions
+from agl_stream.runner.resources import read_resources
+from agl_stream.streams import EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
 from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore
@@ -348,21 +349,12 @@ class Trainer:
     # -- resources ----------------------------------------------------------------------------
 
     async def _read_resources(self) -> None:
-        tps = [
-            TopicPartition(self.topics.name("resources"), p)
-            for p in range(self.topics.specs["resources"].partitions)
-        ]
-        latest: ResourcesPublished | None = None
-        for event in await read_partitions(self.kafka, tps):
-            if isinstance(event, ResourcesPublished):
-                self.versions[event.resources_id] = event.version
-                if event.pin_only:
-                    continue
-                if latest is None or event.version >= latest.version:
-                    latest = event
-        if latest is not None:
+        cache = await read_resources(self.kafka)
+        self.versions.update({rid: e.version for rid, e in cache.versions.items()})
+        if cache.latest is not None:
             # Resources the trainer does not own (a prompt template, an endpoint) go along.
-            self._carried = {k: v for k, v in latest.resources.items() if k != POLICY_RESOURCE}
+            latest = cache.latest.resources
+            self._carried = {k: v for k, v in latest.items() if k != POLICY_RESOURCE}
 
     async def _publish_current(self) -> None:
         """Publish the latest checkpoint's version (again, after a restart: same id, same

@@ -30,7 +30,7 @@ from agl_stream.streams import EventPublisher, Topics, read_partitions
 from agl_stream.training.apo.optimizer import Apo, ApoConfig, ApoError, RoundReport, read_state
 from agl_stream.training.model import tiny_chat_policy
 from tests import apo_world
-from tests.integration.helpers import eventually
+from tests.integration.helpers import eventually, invoke_cli
 from tests.integration.projection import projector_in_process
 from tests.integration.runs import runner_in_process
 
@@ -198,7 +198,19 @@ async def test_apo_killed_mid_round_resumes_without_losing_or_repeating(
         projector_in_process(kafka, database),
         runner_in_process(kafka, AGENT, concurrency=16),
     ):
-        await publish_llm(kafka, endpoint)
+        # As a user would: the endpoint agents call, published from the command line.
+        published = await invoke_cli(
+            "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+            "resources", "publish", "setup-v0", "--llm", f"llm={endpoint}@rules",
+        )  # fmt: skip
+        assert published.exit_code == 0, published.output
+        assert "as version 0" in published.output
+        again = await invoke_cli(
+            "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+            "resources", "publish", "setup-v0", "--llm", f"llm={endpoint}@rules",
+        )  # fmt: skip
+        assert again.exit_code == 2
+        assert "already published" in again.output
         first = await apo_process(kafka, database, state_dir, endpoint, log)
 
         async def mid_round_one() -> bool:

@@ -241,3 +241,22 @@ def test_retrain_refuses_apo() -> None:
     )
     assert result.exit_code == 2
     assert "runs online only" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ((), "say what to publish"),
+        (("--llm", "llm"), "is not NAME=VALUE"),
+        (("--llm", "llm=http://h/v1"), "is not NAME=ENDPOINT@MODEL"),
+        (("--llm", "llm=ftp://h@m"), "is not an http(s) URL"),
+        (("--prompt", "p=Say {"), "p: not a valid f-string template"),
+        (("--prompt", "p=@/nonexistent.txt"), "cannot read /nonexistent.txt"),
+        (("--prompt", "p={{ x", "--engine", "jinja"), "p: not a valid jinja template"),
+        (("--prompt", "p=x", "--metadata", "nokey"), "is not KEY=VALUE"),
+    ],
+)
+def test_resources_publish_refuses_bad_input(args: tuple[str, ...], problem: str) -> None:
+    result = CliRunner().invoke(cli, ["resources", "publish", "v1", *args], env={})
+    assert result.exit_code == 2
+    assert problem in result.output

@@ -41,7 +41,8 @@ from agl_stream.events import (
 from agl_stream.kafka import end_offsets, producer
 from agl_stream.queries import ReadModel
 from agl_stream.queries.models import Rollout
-from agl_stream.streams import EventPublisher, Topics, read_partitions
+from agl_stream.runner.resources import read_resources
+from agl_stream.streams import EventPublisher, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.apo.prompts import (
     Example,
@@ -378,19 +379,8 @@ class Apo:
 
     async def _latest(self) -> tuple[ResourcesPublished | None, int]:
         """The latest version runners use, and the highest version number on the topic."""
-        topics = Topics(self.kafka)
-        tps = [
-            TopicPartition(topics.name("resources"), p)
-            for p in range(topics.specs["resources"].partitions)
-        ]
-        latest: ResourcesPublished | None = None
-        top = -1
-        for event in await read_partitions(self.kafka, tps):
-            if isinstance(event, ResourcesPublished):
-                top = max(top, event.version)
-                if not event.pin_only and (latest is None or event.version >= latest.version):
-                    latest = event
-        return latest, top
+        cache = await read_resources(self.kafka)
+        return cache.latest, cache.top_version
 
     # -- state ------------------------------------------------------------------------------
 
