@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, console, stop_on_signals, text_or_file
@@ -113,16 +121,31 @@ def run_apo(app: AppContext, config: Any) -> None:
             highlight=False,
         )
 
-    apo = Apo(app.kafka(), app.database(), config, on_round=show)
-    console.print(f"apo {config.worker_id}: state in {apo.path}", highlight=False, soft_wrap=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bars:
+        shown: dict[str, TaskID] = {}
 
-    async def main() -> Any:
-        return await apo.run(stop_on_signals())
+        def progress(what: str, finished: int, total: int) -> None:
+            if what not in shown:
+                for old in shown.values():
+                    bars.remove_task(old)
+                shown.clear()
+                shown[what] = bars.add_task(what, total=total)
+            bars.update(shown[what], completed=finished)
 
-    try:
-        state = asyncio.run(main())
-    except ApoError as exc:
-        raise click.ClickException(str(exc)) from None
+        apo = Apo(app.kafka(), app.database(), config, on_round=show, on_progress=progress)
+        console.print(
+            f"apo {config.worker_id}: state in {apo.path}", highlight=False, soft_wrap=True
+        )
+
+        async def main() -> Any:
+            return await apo.run(stop_on_signals())
+
+        try:
+            state = asyncio.run(main())
+        except ApoError as exc:
+            raise click.ClickException(str(exc)) from None
     table = Table(title=f"APO run {state.run_id}", title_justify="left")
     for column in ("candidate", "round", "parent", "score", "status"):
         table.add_column(column, justify="right" if column in ("round", "score") else "left")

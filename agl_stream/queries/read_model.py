@@ -245,10 +245,16 @@ class ReadModel:
 
     # ---- waiting -------------------------------------------------------------------------
 
-    async def wait_for_rollouts(self, rollout_ids: Iterable[str], within: float) -> dict[str, str]:
+    async def wait_for_rollouts(
+        self,
+        rollout_ids: Iterable[str],
+        within: float,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, str]:
         """Wait until every rollout is succeeded, failed or cancelled; their statuses.
         Raises TimeoutError naming those still open. Woken by the projector's commits
-        (LISTEN/NOTIFY), so it does not poll."""
+        (LISTEN/NOTIFY), so it does not poll. `on_progress(finished, total)` is called each
+        time it looks."""
         ids = sorted(set(rollout_ids))
         for rollout_id in ids:
             check_text(rollout_id=rollout_id)
@@ -257,7 +263,10 @@ class ReadModel:
         async def done() -> bool:
             query = select(_R.rollout_id, _R.status).where(_R.rollout_id.in_(ids))
             statuses.update({r["rollout_id"]: r["status"] for r in await self._all(query)})
-            return all(statuses.get(i) in TERMINAL for i in ids)
+            finished = sum(1 for i in ids if statuses.get(i) in TERMINAL)
+            if on_progress is not None:
+                on_progress(finished, len(ids))
+            return finished == len(ids)
 
         try:
             await self._wait(done, within)

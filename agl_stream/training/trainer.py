@@ -222,6 +222,8 @@ class Trainer:
             self.config.grpo.scale_rewards,
         )
         evicted, self._evicted = self._evicted, []
+        # Others may have published since (APO, a new endpoint): carry what is latest now.
+        await self._read_resources()
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
         stats = None
@@ -284,6 +286,9 @@ class Trainer:
             else [],
             "stats": vars(stats) if stats else None,
             "assembler": self.assembler.memory(),
+            # What the published version carries besides the policy, so that a restart
+            # republishes exactly what was published.
+            "carried": {k: v.model_dump(mode="json") for k, v in self._carried.items()},
         }
 
     def _write_checkpoint(self, state: dict[str, Any]) -> None:
@@ -376,7 +381,7 @@ class Trainer:
             "resources",
             ResourcesPublished(
                 resources_id=self.resources_id, version=self.version,
-                resources={**self._carried, POLICY_RESOURCE: checkpoint},
+                resources={**state.get("carried", self._carried), POLICY_RESOURCE: checkpoint},
                 published_by=self.config.worker_id, parent_resources_id=previous,
                 metadata=metadata,
             ),

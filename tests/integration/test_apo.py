@@ -88,7 +88,11 @@ async def test_apo_keeps_the_best_template_by_measured_reward(
     async with world_endpoint() as (endpoint, app):
         await publish_llm(kafka, endpoint)
         reports: list[RoundReport] = []
-        apo = Apo(kafka, database, config(tmp_path / "apo", endpoint), on_round=reports.append)
+        progress: list[tuple[str, int, int]] = []
+        apo = Apo(
+            kafka, database, config(tmp_path / "apo", endpoint), on_round=reports.append,
+            on_progress=lambda *seen: progress.append(seen),
+        )  # fmt: skip
         async with (
             projector_in_process(kafka, database),
             runner_in_process(kafka, AGENT, concurrency=16),
@@ -96,6 +100,8 @@ async def test_apo_keeps_the_best_template_by_measured_reward(
             state = await asyncio.wait_for(apo.run(asyncio.Event()), 240)
 
     assert [r.round for r in reports] == [0, 1, 2]
+    assert ("round 0: c0 on 10 val tasks", 10, 10) in progress
+    assert ("round 1: c0 on 6 train tasks", 6, 6) in progress
     seed = state.candidates["c0"]
     assert seed.score == 0.0  # the seed template asks for nothing the tasks want
     # Round 1: rewrite 1 adds the least wanted rule, rewrite 2 the most wanted, rewrite 3

@@ -10,8 +10,9 @@ import torch
 from aiokafka import TopicPartition
 
 from agl_stream.config import KafkaSettings
-from agl_stream.events import ResourcesPublished
-from agl_stream.streams import read_partitions
+from agl_stream.events import PromptTemplate, ResourcesPublished
+from agl_stream.kafka import producer
+from agl_stream.streams import EventPublisher, Topics, read_partitions
 from agl_stream.training.checkpoints import CheckpointStore, checkpoint_root, lineage_problems
 from agl_stream.training.model import content_hash, load_policy
 from agl_stream.training.trainer import Trainer, TrainerConfig
@@ -24,6 +25,17 @@ AGENT = "agl_stream.demo.task:echo_letter_in_process"
 async def published(kafka: KafkaSettings) -> list[ResourcesPublished]:
     events = await read_partitions(kafka, [TopicPartition(kafka.topic("resources"), 0)])
     return [e for e in events if isinstance(e, ResourcesPublished)]
+
+
+async def publish_prompt(kafka: KafkaSettings, resources_id: str, version: int) -> None:
+    async with producer(kafka) as prod:
+        await EventPublisher(prod, Topics(kafka)).publish(
+            "resources",
+            ResourcesPublished(
+                resources_id=resources_id, version=version,
+                resources={"prompt": PromptTemplate(template="Say {letter}")},
+            ),
+        )  # fmt: skip
 
 
 async def enqueue_group_tasks(kafka: KafkaSettings, version: str, groups: int, size: int) -> None:
@@ -51,6 +63,8 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
                 return any(e.resources_id == rid for e in await published(kafka))
 
             await eventually(out, 60, f"the trainer to publish {resources_id}")
+            if version == 1:  # someone else (APO, say) publishes a prompt template meanwhile
+                await publish_prompt(kafka, "prompt-v1", version=1)
             await enqueue_group_tasks(kafka, resources_id, groups=2, size=4)
         await asyncio.wait_for(training, 120)
 
@@ -72,6 +86,11 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
         assert directory == store.step_dir(step)
         assert checkpoint.content_hash == content_hash(directory)  # type: ignore[union-attr]
     assert versions["it-v2"].parent_resources_id == "it-v1"
+    # What others published since is carried by the next version, and kept in its checkpoint
+    # so that a restart republishes the same content.
+    assert "prompt" not in versions["it-v1"].resources
+    assert versions["it-v2"].resources["prompt"] == PromptTemplate(template="Say {letter}")
+    assert states[2]["carried"] == {"prompt": {"template": "Say {letter}", "engine": "f_string"}}
     assert versions["it-v2"].metadata["samples"] == "8"
     # The update changed the weights.
     before = load_policy(store.step_dir(0)).model.state_dict()

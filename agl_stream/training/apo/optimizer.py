@@ -110,6 +110,7 @@ class Apo:
         database: DatabaseSettings,
         config: ApoConfig,
         on_round: Callable[[RoundReport], None] | None = None,
+        on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         if not config.val_tasks:
             raise ApoError("APO needs validation tasks to measure candidates on")
@@ -119,6 +120,7 @@ class Apo:
         self.database = database
         self.config = config
         self.on_round = on_round
+        self.on_progress = on_progress  # (what, rollouts finished, of how many)
         self.path = checkpoint_root(config.state_dir) / STATE_FILE
         self.state: ApoState | None = None
         self._publisher: EventPublisher | None = None
@@ -294,7 +296,13 @@ class Apo:
             await self._publisher.publish_many("tasks", events)
             state.batches[batch] = "queued"
             self._save(state)
-        await self._model.wait_for_rollouts(ids, within=self.config.wait_seconds)
+        what = f"round {state.round}: {candidate.cid} on {len(ids)} {mode.value} tasks"
+
+        def progress(finished: int, total: int) -> None:
+            if self.on_progress is not None:
+                self.on_progress(what, finished, total)
+
+        await self._model.wait_for_rollouts(ids, self.config.wait_seconds, progress)
         found = {r.rollout_id: r for r in await self._batch_rollouts(state.run_id, batch)}
         return [found[i] for i in ids]
 
