@@ -20,12 +20,14 @@ from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
+    ResourcesPublished,
     RolloutFinished,
     RolloutQueued,
     SpanRecorded,
 )
+from agl_stream.kafka import producer
 from agl_stream.runner.worker import Runner, RunnerConfig
-from agl_stream.streams import Topics, read_partitions
+from agl_stream.streams import EventPublisher, Topics, read_partitions
 from tests.integration.helpers import eventually
 
 
@@ -92,6 +94,17 @@ def ids_on_partition(partition: int, partitions: int, count: int, prefix: str) -
             out.append(candidate)
         i += 1
     return out
+
+
+async def publish_resources(
+    kafka: KafkaSettings, resources_id: str, version: int, **resources: Any
+) -> None:
+    """Publish one resources version (as a user or another algorithm would)."""
+    async with producer(kafka) as prod:
+        await EventPublisher(prod, Topics(kafka)).publish(
+            "resources",
+            ResourcesPublished(resources_id=resources_id, version=version, resources=resources),
+        )
 
 
 async def queue(kafka: KafkaSettings, tasks: list[Any], **options: Any) -> list[str]:

@@ -21,18 +21,17 @@ from aiokafka import TopicPartition
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
 from agl_stream.events import LLM, ResourcesPublished, RolloutQueued
-from agl_stream.kafka import producer
 from agl_stream.queries import ReadModel
 from agl_stream.runner.resources import ResourceCache
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
-from agl_stream.streams import EventPublisher, Topics, read_partitions
+from agl_stream.streams import Topics, read_partitions
 from agl_stream.training.apo.optimizer import Apo, ApoConfig, ApoError, RoundReport, read_state
 from agl_stream.training.model import tiny_chat_policy
 from tests import apo_world
 from tests.integration.helpers import eventually, invoke_cli
 from tests.integration.projection import projector_in_process
-from tests.integration.runs import runner_in_process
+from tests.integration.runs import publish_resources, runner_in_process
 
 AGENT = "tests.apo_world:follow_rules"
 
@@ -51,14 +50,7 @@ async def world_endpoint() -> AsyncIterator[tuple[str, web.Application]]:
 
 
 async def publish_llm(kafka: KafkaSettings, endpoint: str) -> None:
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish(
-            "resources",
-            ResourcesPublished(
-                resources_id="setup-v0", version=0,
-                resources={"llm": LLM(endpoint=endpoint, model="rules")},
-            ),
-        )  # fmt: skip
+    await publish_resources(kafka, "setup-v0", 0, llm=LLM(endpoint=endpoint, model="rules"))
 
 
 async def resources(kafka: KafkaSettings) -> list[ResourcesPublished]:

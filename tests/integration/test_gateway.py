@@ -23,27 +23,18 @@ from agl_stream.agent.llm import (
 )
 from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
-from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, SpanRecorded, StatusCode
-from agl_stream.kafka import producer
+from agl_stream.events import LLM, AttemptStatus, SpanRecorded, StatusCode
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
-from agl_stream.streams import EventPublisher, Topics
 from agl_stream.training.model import tiny_chat_policy
 from tests.integration.helpers import eventually
-from tests.integration.runs import queue, runner_in_process, wait_terminal
+from tests.integration.runs import publish_resources, queue, runner_in_process, wait_terminal
 
 CALL = "agl.llm.call"
 
 
 async def publish_llm(kafka: KafkaSettings, endpoint: str) -> None:
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish(
-            "resources",
-            ResourcesPublished(
-                resources_id="llm-1", version=1,
-                resources={"llm": LLM(endpoint=endpoint, model="policy")},
-            ),
-        )  # fmt: skip
+    await publish_resources(kafka, "llm-1", 1, llm=LLM(endpoint=endpoint, model="policy"))
 
 
 def check_sequence(spans: list[SpanRecorded], span_count: int) -> None:

@@ -11,13 +11,12 @@ from aiokafka import TopicPartition
 
 from agl_stream.config import KafkaSettings
 from agl_stream.events import PromptTemplate, ResourcesPublished
-from agl_stream.kafka import producer
-from agl_stream.streams import EventPublisher, Topics, read_partitions
+from agl_stream.streams import read_partitions
 from agl_stream.training.checkpoints import CheckpointStore, checkpoint_root, lineage_problems
 from agl_stream.training.model import content_hash, load_policy
 from agl_stream.training.trainer import Trainer, TrainerConfig
 from tests.integration.helpers import eventually
-from tests.integration.runs import queue, runner_in_process
+from tests.integration.runs import publish_resources, queue, runner_in_process
 
 AGENT = "agl_stream.demo.task:echo_letter_in_process"
 
@@ -25,17 +24,6 @@ AGENT = "agl_stream.demo.task:echo_letter_in_process"
 async def published(kafka: KafkaSettings) -> list[ResourcesPublished]:
     events = await read_partitions(kafka, [TopicPartition(kafka.topic("resources"), 0)])
     return [e for e in events if isinstance(e, ResourcesPublished)]
-
-
-async def publish_prompt(kafka: KafkaSettings, resources_id: str, version: int) -> None:
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish(
-            "resources",
-            ResourcesPublished(
-                resources_id=resources_id, version=version,
-                resources={"prompt": PromptTemplate(template="Say {letter}")},
-            ),
-        )  # fmt: skip
 
 
 async def enqueue_group_tasks(kafka: KafkaSettings, version: str, groups: int, size: int) -> None:
@@ -64,7 +52,9 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
 
             await eventually(out, 60, f"the trainer to publish {resources_id}")
             if version == 1:  # someone else (APO, say) publishes a prompt template meanwhile
-                await publish_prompt(kafka, "prompt-v1", version=1)
+                await publish_resources(
+                    kafka, "prompt-v1", 1, prompt=PromptTemplate(template="Say {letter}")
+                )
             await enqueue_group_tasks(kafka, resources_id, groups=2, size=4)
         await asyncio.wait_for(training, 120)
 
