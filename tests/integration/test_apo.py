@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -25,7 +26,7 @@ from agl_stream.queries import ReadModel
 from agl_stream.runner.resources import ResourceCache
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
-from agl_stream.streams import Topics, read_partitions
+from agl_stream.streams import EventPublisher, Topics, read_partitions
 from agl_stream.training.apo.optimizer import Apo, ApoConfig, ApoError, RoundReport, read_state
 from agl_stream.training.model import tiny_chat_policy
 from tests import apo_world
@@ -163,6 +164,48 @@ async def test_an_optimizer_that_cannot_take_the_request_stops_apo_with_its_reas
     assert state.round == 1  # the seed was measured; nothing after it was made up
     assert state.critiques == {}
     assert list(state.candidates) == ["c0"]
+
+
+class Crash(Exception):
+    """Stands for the process dying at that instant."""
+
+
+async def test_a_batch_cut_off_while_queuing_is_completed_without_duplicates(
+    kafka: KafkaSettings,
+    database: DatabaseSettings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    publish_many = EventPublisher.publish_many
+
+    async def half_then_die(self: EventPublisher, topic: str, events: list[Any]) -> list[Any]:
+        if topic == "tasks":
+            await publish_many(self, topic, events[: len(events) // 2])
+            raise Crash
+        return await publish_many(self, topic, events)
+
+    async with world_endpoint() as (endpoint, _):
+        await publish_llm(kafka, endpoint)
+        async with (
+            projector_in_process(kafka, database),
+            runner_in_process(kafka, AGENT, concurrency=16),
+        ):
+            settings = config(tmp_path / "apo", endpoint, rounds=0)
+            with monkeypatch.context() as patch:
+                patch.setattr(EventPublisher, "publish_many", half_then_die)
+                with pytest.raises(Crash):
+                    await Apo(kafka, database, settings).run(asyncio.Event())
+            cut = read_state(str(tmp_path / "apo"))
+            assert cut is not None
+            assert cut.batches == {"c0-val": "queuing"}
+            assert len(await queued(kafka)) == 5
+            state = await asyncio.wait_for(Apo(kafka, database, settings).run(asyncio.Event()), 120)
+
+    assert state.batches == {"c0-val": "queued"}
+    counts = Counter(e.rollout_id for e in await queued(kafka))
+    assert sorted(counts) == [f"{state.run_id}-c0-val-{i}" for i in range(10)]
+    assert set(counts.values()) == {1}
+    assert len(state.candidates["c0"].rewards or []) == 10
 
 
 async def apo_process(

@@ -69,7 +69,7 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
     )
     # Each version on the topic points at its checkpoint, by a hash of the files there.
     versions = {e.resources_id: e for e in await published(kafka)}
-    assert sorted(versions) == ["it-v0", "it-v1", "it-v2"]
+    assert sorted(versions) == ["it-v0", "it-v1", "it-v2", "prompt-v1"]
     for step in (0, 1, 2):
         checkpoint = versions[f"it-v{step}"].resources["policy"]
         directory = checkpoint_root(checkpoint.uri)  # type: ignore[union-attr]
