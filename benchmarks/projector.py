@@ -122,7 +122,7 @@ async def produce(kafka: KafkaSettings, seed: int, run: str, spans: int) -> tupl
             pending: list[asyncio.Future[object]] = []
             for items in stream(seed, run, spans):
                 for topic, event in items:
-                    pending.append(await publisher.send(topic, event))  # type: ignore[arg-type]
+                    pending.append(await publisher.send(topic, event))
                 records += len(items)
                 n = sum(1 for t, _ in items if t == "spans")
                 sent_spans += n

@@ -53,8 +53,11 @@ def sample(pid: int) -> ProcessSample:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines()
         if ":" in line
     )
-    kb = lambda key: int(status[key].split()[0]) / 1024  # noqa: E731
-    return ProcessSample(cpu, kb("VmRSS"), kb("VmHWM"))
+
+    def mb(key: str) -> float:
+        return int(status[key].split()[0]) / 1024
+
+    return ProcessSample(cpu, mb("VmRSS"), mb("VmHWM"))
 
 
 async def positions(kafka: KafkaSettings, topic: str) -> dict[TopicPartition, int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rich.table import Table
 
@@ -32,14 +32,14 @@ async def fresh_topics(prefix: str) -> tuple[StackState, KafkaSettings]:
 
 def run_benchmark(
     parser: argparse.ArgumentParser,
-    main: Callable[[argparse.Namespace], Awaitable[F]],
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, F]],
     report: Callable[[F], None],
 ) -> F:
     """What every benchmark's command line does: parse, run, show the figures, and write
     them to --json-out when asked (benchmarks.report reads them there)."""
     parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
     arguments = parser.parse_args()
-    figures = asyncio.run(main(arguments))
+    figures: F = asyncio.run(main(arguments))
     report(figures)
     if arguments.json_out:
         arguments.json_out.write_text(json.dumps(figures, indent=2))

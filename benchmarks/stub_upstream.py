@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -34,7 +35,7 @@ def app(tokens: int) -> web.Application:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for i, token in enumerate(ids):
-            chunk = {
+            chunk: dict[str, Any] = {
                 "id": "stub", "object": "chat.completion.chunk", "model": "stub",
                 "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [token],
                              "logprobs": logprobs,
