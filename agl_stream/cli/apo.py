@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, stop_on_signals, text_or_file
+from agl_stream.cli.common import AppContext, PathType, console, stop_on_signals, text_or_file
 from agl_stream.enqueue import EnqueueError, read_tasks
 
 
@@ -31,9 +31,9 @@ def apo_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="APO: the template to start from. [default: the latest version's]"),
         click.option("--engine", type=click.Choice(["f_string", "jinja"]), default="f_string",
                      show_default=True, help="APO: the template engine of --prompt."),
-        click.option("--train-tasks", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--train-tasks", type=PathType(dir_okay=False, path_type=Path),
                      help="APO: tasks (.jsonl, .json, .parquet) templates are critiqued on."),
-        click.option("--val-tasks", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--val-tasks", type=PathType(dir_okay=False, path_type=Path),
                      help="APO: tasks templates are measured on (mean reward)."),
         click.option("--optimizer-endpoint", envvar="OPENAI_BASE_URL", metavar="URL",
                      help="APO: the OpenAI-compatible endpoint that critiques and rewrites. "

@@ -46,6 +46,15 @@ class AppContext:
         return load(DatabaseSettings, database_url=self.database_url)
 
 
+class PathType(click.Path):
+    """click.Path that refuses a NUL character with a sentence (os.stat would raise)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if "\x00" in str(value):
+            self.fail("a path cannot contain a NUL character", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors we expect into one sentence and a non-zero exit, never a traceback."""
 
@@ -117,7 +126,7 @@ def text_or_file(value: str, flag: str) -> str:
         return value
     try:
         return Path(value[1:]).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
         raise click.BadParameter(f"cannot read {value[1:]}: {exc}", param_hint=flag) from None
 
 

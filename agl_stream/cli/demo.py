@@ -10,7 +10,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors
+from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
 from agl_stream.cli.stack import bring_up, home_option
 from agl_stream.config import DatabaseSettings
 
@@ -23,7 +23,7 @@ from agl_stream.config import DatabaseSettings
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathType(file_okay=False, path_type=Path),
     default=Path(".agl-stream/demo"),
     show_default=True,
     help="Where checkpoints, worker logs and the reward curve go.",

@@ -8,7 +8,14 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, parse_key_values, run
+from agl_stream.cli.common import (
+    AppContext,
+    PathType,
+    console,
+    friendly_errors,
+    parse_key_values,
+    run,
+)
 from agl_stream.enqueue import EnqueueError, RolloutOptions, enqueue, read_tasks
 from agl_stream.events import AttemptStatus, RolloutMode
 
@@ -16,7 +23,7 @@ RETRYABLE = ["failed", "timeout", "unresponsive"]
 
 
 @click.command("enqueue")
-@click.argument("source", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("source", required=False, type=PathType(dir_okay=False, path_type=Path))
 @click.option(
     "--format",
     "fmt",

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.cli.common import AppContext, PathType, console, friendly_errors, run
 from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import migrate
 from agl_stream.embedded.stack import EmbeddedStack
@@ -21,7 +21,7 @@ def _stack(home: Path | None, broker_port: int | None, postgres_port: int | None
 
 home_option = click.option(
     "--home",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathType(file_okay=False, path_type=Path),
     help="State directory of the stack. [env: AGL_STREAM_HOME; default: ./.agl-stream]",
 )
 

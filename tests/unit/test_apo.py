@@ -235,6 +235,34 @@ def test_cli_refuses_apo_without_what_it_needs(tmp_path: pytest.TempPathFactory)
     assert "cannot read /nonexistent/seed.txt" in out
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("worker", "--role", "trainer", "--algorithm", "apo", "--train-tasks", "a\x00b"),
+        (
+            "worker",
+            "--role",
+            "trainer",
+            "--algorithm",
+            "apo",
+            "--checkpoint-dir",
+            "/tmp/x",
+            "--optimizer-endpoint",
+            "http://h/v1",
+            "--prompt",
+            "@a\x00b",
+        ),
+        ("enqueue", "a\x00b"),
+        ("down", "--home", "\x00"),
+        ("demo", "--out", "\x00"),
+    ],
+)
+def test_a_nul_in_a_path_is_refused_with_a_sentence(args: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, list(args), env={})
+    assert result.exit_code == 2, result.output
+    assert "NUL" in result.output or "cannot read" in result.output
+
+
 def test_retrain_refuses_apo() -> None:
     result = CliRunner().invoke(
         cli, ["retrain", "--algorithm", "apo", "--checkpoint-dir", "/tmp/x"], env={}
