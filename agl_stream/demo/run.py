@@ -21,7 +21,7 @@ from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.demo.task import tasks
 from agl_stream.embedded.process import free_port
 from agl_stream.enqueue import RolloutOptions, make_rollout
-from agl_stream.events import LLM, ResourcesPublished, RolloutMode
+from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, RolloutMode
 from agl_stream.kafka import consumer, end_offsets, producer
 from agl_stream.streams import EventPublisher, EventStream, Topics
 
@@ -194,7 +194,10 @@ async def _enqueue_step(
         for group, task in enumerate(tasks(rng, config.groups_per_step)):
             options = RolloutOptions(
                 mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=60.0,
-                max_attempts=2, metadata={"group": f"{config.run_name}-s{step}-g{group}"},
+                # A failed attempt (the policy server busy past the timeout, say) is run
+                # again: a rollout lost for good would leave its GRPO group short forever.
+                max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
+                metadata={"group": f"{config.run_name}-s{step}-g{group}"},
             )  # fmt: skip
             for _ in range(config.group_size):
                 sent.append(await publisher.send("tasks", make_rollout(task, options)))
