@@ -32,7 +32,7 @@ status: $(STAMP)
 demo: $(STAMP)  ## the main job: a tiny model learns an agent task with GRPO (starts the stack)
 	$(BIN)/agl-stream demo
 
-test: $(STAMP)  ## unit and integration tests (uses the running stack, or starts a private one)
+test: $(STAMP)  ## unit and integration tests (on a private stack, never the one `make up` runs)
 	$(BIN)/python -m pytest
 
 unit: $(STAMP)  ## only the tests that need no broker

@@ -13,9 +13,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
+import asyncpg
 from aiokafka import TopicPartition
+from sqlalchemy.exc import SQLAlchemyError
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.demo.task import tasks
@@ -23,6 +26,7 @@ from agl_stream.embedded.process import free_port
 from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, RolloutMode
 from agl_stream.kafka import consumer, end_offsets, producer
+from agl_stream.queries import QueryError, ReadModel
 from agl_stream.streams import EventPublisher, EventStream, Topics
 
 AGENT = "agl_stream.demo.task:echo_letter"
@@ -223,4 +227,25 @@ def run_demo(
                     return name
             return None
 
-        return asyncio.run(drive(kafka, config, alive, on_step))
+        started = datetime.now(UTC)
+        try:
+            return asyncio.run(drive(kafka, config, alive, on_step))
+        except DemoFailed as exc:
+            failed = asyncio.run(failures(database, started))
+            raise DemoFailed(f"{exc}{failed}") from None
+
+
+async def failures(database: DatabaseSettings, since: datetime) -> str:
+    """What failed for good in this run, as the read model tells it (best effort)."""
+    try:
+        async with ReadModel.open(database) as model:
+            page = await model.rollouts(status=("failed",), since=since, time_field="queued")
+    except (OSError, asyncpg.PostgresError, SQLAlchemyError, QueryError):  # only a hint
+        return ""
+    if not page.items:
+        return ""
+    first = page.items[0].error or {}
+    return (
+        f" {len(page.items)}{'+' if page.next_cursor else ''} rollouts failed for good, the "
+        f"first with {first.get('type', '?')}: {first.get('message', '?')}"
+    )

@@ -1,7 +1,10 @@
 """Where integration tests find a real broker and a real PostgreSQL.
 
-embedded: the stack `agl-stream up` started (or AGL_STREAM_BOOTSTRAP_SERVERS and
-AGL_STREAM_DATABASE_URL if set); failing both, the tests start a private one and stop it.
+embedded: AGL_STREAM_BOOTSTRAP_SERVERS and AGL_STREAM_DATABASE_URL if both are set; otherwise
+a private stack the tests start in a temporary home and stop. Never the stack `agl-stream up`
+runs in .agl-stream/ unless those variables point at it: the tests create and delete hundreds
+of topics, and an embedded broker restarted on storage that has seen that much churn has
+been seen to refuse metadata requests (the demo then cannot start on it).
 testcontainers: Apache Kafka and PostgreSQL containers, where a Docker engine runs.
 """
 
@@ -15,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agl_stream.config import StackSettings, load
+from agl_stream.config import StackSettings
 from agl_stream.embedded.process import pick_ports
 from agl_stream.embedded.stack import EmbeddedStack
 
@@ -59,15 +62,6 @@ def embedded(private_home: Path) -> Iterator[Backend]:
     url = os.environ.get("AGL_STREAM_DATABASE_URL")
     if servers and url:
         yield Backend("embedded", servers, url)
-        return
-    running = EmbeddedStack(load(StackSettings)).running()
-    if running is not None:
-        yield Backend(
-            "embedded",
-            running.bootstrap_servers,
-            running.database_url,
-            **signals(running.broker_pid),
-        )
         return
     broker_port, postgres_port = pick_ports(2, 32_000, 32_700)
     stack = EmbeddedStack(

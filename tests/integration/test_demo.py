@@ -4,14 +4,18 @@ and the reward rises clearly."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.demo.curve import plot_rewards, tenths
-from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
+from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, failures, run_demo
+from agl_stream.queries import ReadModel
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+from tests.integration.projection import projector_in_process
+from tests.integration.runs import queue, runner_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -40,3 +44,18 @@ def test_a_worker_that_cannot_start_stops_the_demo_with_a_sentence(
         run_demo(config, kafka, database, lambda point: None)
     log = (config.log_dir / "trainer.log").read_text()
     assert "--learning-rate" in log
+
+
+async def test_a_stopped_demo_names_what_failed_for_good(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    """A rollout lost for good leaves its GRPO group short; the demo's stop message says so,
+    as the read model tells it."""
+    since = datetime.now(UTC)
+    assert await failures(database, since) == ""
+    async with projector_in_process(kafka, database), runner_in_process(kafka):
+        ids = await queue(kafka, [{"fail_on_attempts": [1]}, {}])
+        async with ReadModel.open(database) as model:
+            await model.wait_for_rollouts(ids, 60)
+    said = await failures(database, since)
+    assert said == " 1 rollouts failed for good, the first with ValueError: told to fail attempt 1"
