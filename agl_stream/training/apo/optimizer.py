@@ -240,11 +240,15 @@ class Apo:
         assert self._model is not None
         by_id = {r.rollout_id: r for r in rollouts}
         chosen = worst([(r.rollout_id, r.reward) for r in rollouts], self.config.examples)
+        # A rollout is finished before the projector may have all its spans (another topic).
+        await self._caught_up("spans")
         examples = []
         for rollout_id in chosen:
             rollout = by_id[rollout_id]
-            spans = await self._model.spans(rollout_id, latest_attempt=True, limit=1000)
-            calls = [s for s in spans if s.name == LLM_CALL_SPAN and s.status_code != "error"]
+            spans = await self._model.spans(
+                rollout_id, latest_attempt=True, name=LLM_CALL_SPAN, limit=1000
+            )
+            calls = [s for s in spans if s.status_code != "error"]
             calls.sort(key=lambda s: (s.end_time, s.sequence))
             error = (rollout.error or {}).get("message")
             messages = tuple(call_messages(s.attributes for s in calls))
@@ -307,16 +311,20 @@ class Apo:
         return [found[i] for i in ids]
 
     async def _queued(self, run_id: str, batch: str) -> set[str]:
-        """Rollouts of a batch already on the tasks topic: wait until the read model holds
-        everything the topic holds now, then ask it."""
+        """Rollouts of a batch already on the tasks topic, as the read model tells once it
+        holds everything the topic holds now."""
+        await self._caught_up("tasks")
+        return {r.rollout_id for r in await self._batch_rollouts(run_id, batch)}
+
+    async def _caught_up(self, short_topic: str) -> None:
+        """Wait until the read model holds every record on the topic now."""
         assert self._model is not None
         topics = Topics(self.kafka)
-        tps = [
-            TopicPartition(topics.name("tasks"), p) for p in range(topics.specs["tasks"].partitions)
-        ]
+        partitions = range(topics.specs[short_topic].partitions)
+        tps = [TopicPartition(topics.name(short_topic), p) for p in partitions]
         ends = await end_offsets(self.kafka, tps)
-        await self._model.wait_for_offsets({tp: end - 1 for tp, end in ends.items() if end > 0})
-        return {r.rollout_id for r in await self._batch_rollouts(run_id, batch)}
+        last = {tp: end - 1 for tp, end in ends.items() if end > 0}
+        await self._model.wait_for_offsets(last, within=self.config.wait_seconds)
 
     async def _batch_rollouts(self, run_id: str, batch: str) -> list[Rollout]:
         assert self._model is not None
