@@ -199,6 +199,9 @@ async def test_a_batch_cut_off_while_queuing_is_completed_without_duplicates(
             assert cut is not None
             assert cut.batches == {"c0-val": "queuing"}
             assert len(await queued(kafka)) == 5
+            other = config(tmp_path / "apo", endpoint, rounds=0, val_tasks=apo_world.tasks(10, 3))
+            with pytest.raises(ApoError, match="started with other training or validation"):
+                await Apo(kafka, database, other).run(asyncio.Event())
             state = await asyncio.wait_for(Apo(kafka, database, settings).run(asyncio.Event()), 120)
 
     assert state.batches == {"c0-val": "queued"}

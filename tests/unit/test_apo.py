@@ -18,7 +18,14 @@ from agl_stream.training.apo.prompts import (
     read_candidate,
     rewrite_messages,
 )
-from agl_stream.training.apo.search import ApoState, Candidate, sample_tasks, select_beam, worst
+from agl_stream.training.apo.search import (
+    ApoState,
+    Candidate,
+    sample_tasks,
+    select_beam,
+    tasks_digest,
+    worst,
+)
 
 # -- templates -------------------------------------------------------------------------------
 
@@ -177,6 +184,13 @@ def test_beam_keeps_the_best_measured_and_ties_go_to_the_older() -> None:
 def test_worst_puts_failed_attempts_first() -> None:
     results = [("a", 0.5), ("b", None), ("c", 0.1), ("d", 1.0)]
     assert worst(results, 3) == ["b", "c", "a"]
+
+
+def test_tasks_digest_names_the_task_sets() -> None:
+    digest = tasks_digest([{"q": 1}], [{"q": 2}])
+    assert digest == tasks_digest([{"q": 1}], [{"q": 2}])
+    assert digest != tasks_digest([{"q": 2}], [{"q": 1}])
+    assert digest != tasks_digest([{"q": 1}], [{"q": 2}, {"q": 3}])
 
 
 def test_task_samples_are_stable_and_differ_by_round_and_parent() -> None:

@@ -58,6 +58,7 @@ from agl_stream.training.apo.search import (
     Published,
     sample_tasks,
     select_beam,
+    tasks_digest,
     worst,
 )
 from agl_stream.training.checkpoints import checkpoint_root
@@ -401,11 +402,17 @@ class Apo:
     # -- state ------------------------------------------------------------------------------
 
     async def _load_or_start(self) -> ApoState:
+        cfg = self.config
+        digest = tasks_digest(cfg.train_tasks, cfg.val_tasks)
         if self.path.is_file():
             state = ApoState.from_json(self.path.read_text())
+            if state.tasks_digest and state.tasks_digest != digest:
+                raise ApoError(
+                    f"{self.path} is a run started with other training or validation tasks; "
+                    "resume it with the same task files, or start over in a new --checkpoint-dir"
+                )
             log.info("resumed %s at round %d", state.run_id, state.round)
             return state
-        cfg = self.config
         latest, top = await self._latest()
         template = cfg.seed_template
         engine = cfg.engine
@@ -424,7 +431,7 @@ class Apo:
             carried.pop(cfg.prompt_name, None)
         state = ApoState(
             run_id=f"{cfg.run_name}-{uuid.uuid4().hex[:8]}", prompt_name=cfg.prompt_name,
-            engine=engine.value, next_version=top + 1, carried=carried,
+            engine=engine.value, next_version=top + 1, carried=carried, tasks_digest=digest,
         )  # fmt: skip
         state.add_candidate(template, None)
         self._save(state)

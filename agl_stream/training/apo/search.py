@@ -8,6 +8,7 @@ it has, the beam, and the versions it published. It is written after every step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -58,6 +59,7 @@ class ApoState:
     beam: list[str] = field(default_factory=list)
     published: list[Published] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)  # one summary per round
+    tasks_digest: str = ""  # of the training and validation tasks the run was started with
 
     # -- candidates --------------------------------------------------------------------------
 
@@ -94,6 +96,13 @@ class ApoState:
         raw["candidates"] = {k: Candidate(**v) for k, v in raw["candidates"].items()}
         raw["published"] = [Published(**p) for p in raw["published"]]
         return cls(**raw)
+
+
+def tasks_digest(train: Sequence[Any], val: Sequence[Any]) -> str:
+    """A hash of the task sets: batches are named by round and candidate, so a run resumed
+    with other tasks would mix results of different tasks under one name."""
+    text = json.dumps({"train": list(train), "val": list(val)}, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def select_beam(candidates: Iterable[Candidate], width: int) -> list[str]:
