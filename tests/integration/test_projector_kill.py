@@ -29,13 +29,15 @@ from tests.traffic import Traffic, traffic
 pytestmark = pytest.mark.slow
 
 
-async def publish_slowly(kafka: KafkaSettings, sent: Traffic, chunk: int = 150) -> None:
+async def publish_slowly(
+    kafka: KafkaSettings, sent: Traffic, chunk: int = 150, pause: float = 0.05
+) -> None:
     async with producer(kafka, linger_ms=5) as prod:
         publisher = EventPublisher(prod, Topics(kafka))
         for start in range(0, len(sent), chunk):
             futures = [await publisher.send(t, e) for t, e in sent[start : start + chunk]]
             await asyncio.gather(*futures)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause)
 
 
 async def kill_repeatedly(
@@ -97,10 +99,18 @@ async def test_two_projectors_share_the_work_and_survive_a_kill(
     kafka: KafkaSettings, database: DatabaseSettings
 ) -> None:
     sent = traffic(seed=13, rollouts=300)
-    publishing = asyncio.create_task(publish_slowly(kafka, sent))
+    # Slowly enough (~25 s) that both are in the group while records still arrive: one that
+    # joins after the other has drained every partition would have nothing to do.
+    publishing = asyncio.create_task(publish_slowly(kafka, sent, chunk=40, pause=0.5))
     pair = [await projector_process(kafka, database, f"pair-{i}", batch_size=200) for i in range(2)]
+
+    async def both_writing() -> bool:
+        async with ReadModel.open(database) as rm:
+            counts = {w.worker_id: w.counts.get("events", 0) for w in await rm.workers()}
+        return counts.get("pair-0", 0) > 0 and counts.get("pair-1", 0) > 0
+
     try:
-        await asyncio.sleep(6)  # both in the group, both writing
+        await eventually(both_writing, 60, "both projectors to write a share")
         pair[0].send_signal(signal.SIGKILL)
         await pair[0].wait()
         await publishing
