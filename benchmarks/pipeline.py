@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.kafka import producer
 from agl_stream.streams import EventPublisher, Topics
 from benchmarks.runners import percentile, sample
-from benchmarks.stack import fresh_topics, run_benchmark
+from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -176,13 +175,10 @@ def report(result: dict[str, Any]) -> None:
         memory.add_row(*(str(row.get(c, "")) for c in samples[0]))
     console.print(memory)
     console.print(f"growth, MB per 1,000 rollouts: {result['rss_growth_mb_per_1000_rollouts']}")
-    console.print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--runners", type=int, default=2)
     parser.add_argument("--rate", type=float, default=20, help="rollouts enqueued per second")
     parser.add_argument("--seconds", type=float, default=300)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import signal
 import statistics
@@ -53,7 +52,7 @@ from agl_stream.projection.rows import SpanRow, columns, values
 from agl_stream.projection.store import connect
 from agl_stream.streams import EventPublisher, Topics
 from benchmarks.runners import sample
-from benchmarks.stack import fresh_topics, key_value_table, run_benchmark
+from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
 from benchmarks.synthetic import _flat, attributes
 
 console = Console()
@@ -307,13 +306,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
 def report(result: dict[str, object]) -> None:
     console.print(key_value_table("projection benchmark", result))
-    console.print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--projectors", type=int, default=1)
     parser.add_argument("--batch", type=int, default=5000, help="records per transaction")

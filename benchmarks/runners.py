@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -32,7 +31,7 @@ from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, 
 from agl_stream.kafka import consumer, end_offsets
 from agl_stream.streams import read_records
 from agl_stream.topic_spec import load_topic_specs
-from benchmarks.stack import fresh_topics, run_benchmark
+from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -219,13 +218,10 @@ def report(result: dict[str, object]) -> None:
     for name, values in result["processes"].items():  # type: ignore[attr-defined]
         procs.add_row(name, str(values["cpu_seconds"]), str(values["peak_rss_mb"]))
     console.print(procs)
-    console.print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts at once per runner")
     parser.add_argument("--rollouts", type=int, default=10_000)

@@ -30,17 +30,26 @@ async def fresh_topics(prefix: str) -> tuple[StackState, KafkaSettings]:
     return state, kafka
 
 
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's command line, its module docstring as the help text."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def run_benchmark(
     parser: argparse.ArgumentParser,
     main: Callable[[argparse.Namespace], Coroutine[Any, Any, F]],
     report: Callable[[F], None],
 ) -> F:
-    """What every benchmark's command line does: parse, run, show the figures, and write
-    them to --json-out when asked (benchmarks.report reads them there)."""
+    """What every benchmark's command line does: parse, run, show the figures, print them
+    as one JSON line, and write them to --json-out when asked (benchmarks.report reads them
+    there)."""
     parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
     arguments = parser.parse_args()
     figures: F = asyncio.run(main(arguments))
     report(figures)
+    print(json.dumps(figures))  # one line for scripts to read
     if arguments.json_out:
         arguments.json_out.write_text(json.dumps(figures, indent=2))
     return figures

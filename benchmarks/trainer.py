@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import resource
 import tempfile
 import time
@@ -32,7 +31,7 @@ from agl_stream.runner.worker import Runner, RunnerConfig
 from agl_stream.streams import read_partitions
 from agl_stream.training.retrain import resolve_range
 from agl_stream.training.trainer import StepReport, Trainer, TrainerConfig
-from benchmarks.stack import fresh_topics, key_value_table, run_benchmark
+from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
 
 console = Console()
 
@@ -118,13 +117,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> None:
     console.print(key_value_table("trainer benchmark", result))
-    console.print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, PathType, console, stop_on_signals, text_or_file
+from agl_stream.cli.common import AppContext, PathType, console, stop_on_signals
+from agl_stream.cli.resources import read_template
 from agl_stream.enqueue import EnqueueError, read_tasks
 
 
@@ -72,7 +74,6 @@ def _tasks(path: Path | None, flag: str) -> list[Any]:
 
 def apo_config(options: dict[str, Any]) -> Any:
     from agl_stream.events import TemplateEngine
-    from agl_stream.templates import TemplateError, placeholders
     from agl_stream.training.apo.optimizer import ApoConfig
 
     if not options.get("checkpoint_dir"):
@@ -83,13 +84,9 @@ def apo_config(options: dict[str, Any]) -> Any:
             "endpoint that writes critiques and rewrites"
         )
     seed = options["seed_prompt"]
-    seed = None if seed is None else text_or_file(seed, "--prompt")
     if seed is not None:
-        try:
-            placeholders(seed, options["engine"])
-        except TemplateError as exc:
-            raise click.BadParameter(str(exc), param_hint="--prompt") from None
-    config = ApoConfig(
+        seed = read_template(seed, options["engine"], "--prompt").template
+    return ApoConfig(
         state_dir=options["checkpoint_dir"],
         train_tasks=_tasks(options["train_tasks"], "--train-tasks") if options["rounds"] else [],
         val_tasks=_tasks(options["val_tasks"], "--val-tasks"),
@@ -100,11 +97,8 @@ def apo_config(options: dict[str, Any]) -> Any:
         rounds=options["rounds"], beam_width=options["beam_width"], branch=options["branch"],
         train_batch=options["train_batch"], rollout_timeout=options["rollout_timeout"],
         seed=options["seed"], max_tokens=options["optimizer_max_tokens"],
+        optimizer_api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
     )  # fmt: skip
-    import os
-
-    config.optimizer_api_key = os.environ.get("OPENAI_API_KEY", "not-needed")
-    return config
 
 
 def run_apo(app: AppContext, config: Any) -> None:

@@ -38,16 +38,21 @@ def parse_llm(value: str) -> tuple[str, LLM]:
     return name, LLM(endpoint=endpoint, model=model)
 
 
-def parse_prompt(value: str, engine: str) -> tuple[str, PromptTemplate]:
-    """NAME=TEXT or NAME=@FILE -> (NAME, PromptTemplate), its placeholders checked."""
-    name, text = _named(value, "--prompt")
-    text = text_or_file(text, "--prompt")
-    prompt = PromptTemplate(template=text, engine=TemplateEngine(engine))
+def read_template(value: str, engine: str, flag: str, name: str = "") -> PromptTemplate:
+    """TEXT or @FILE as a PromptTemplate whose placeholders read; else a usage error."""
+    prompt = PromptTemplate(template=text_or_file(value, flag), engine=TemplateEngine(engine))
     try:
         prompt.placeholders()
     except TemplateError as exc:
-        raise click.BadParameter(f"{name}: {exc}", param_hint="--prompt") from None
-    return name, prompt
+        where = f"{name}: " if name else ""
+        raise click.BadParameter(f"{where}{exc}", param_hint=flag) from None
+    return prompt
+
+
+def parse_prompt(value: str, engine: str) -> tuple[str, PromptTemplate]:
+    """NAME=TEXT or NAME=@FILE -> (NAME, PromptTemplate), its placeholders checked."""
+    name, text = _named(value, "--prompt")
+    return name, read_template(text, engine, "--prompt", name)
 
 
 @click.group()

@@ -24,9 +24,8 @@ class ResourceCache:
 
     def apply(self, event: ResourcesPublished) -> None:
         self.versions[event.resources_id] = event
-        if event.pin_only:
-            pass  # a candidate under evaluation: only tasks that pin it run with it
-        elif self.latest is None or event.version >= self.latest.version:
+        # A pin-only version (a candidate under evaluation) runs only in tasks that pin it.
+        if not event.pin_only and (self.latest is None or event.version >= self.latest.version):
             self.latest = event
         if self._changed is not None:
             self._changed.set()

@@ -18,13 +18,13 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agl_stream.config import KafkaSettings
 from agl_stream.events import (
@@ -35,7 +35,7 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.kafka import consumer, producer
-from agl_stream.runner.resources import read_resources
+from agl_stream.runner.resources import ResourceCache, follow_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
@@ -123,6 +123,7 @@ class Trainer:
         self.groups = Groups(config.group_size, config.groups_per_step)
         self.versions: dict[str, int] = {}
         self._carried: dict[str, Any] = {}
+        self.resources = ResourceCache()  # folded from the resources topic while it runs
         self._time_stops: dict[TP, int] = {}
         self._evicted: list[Trajectory] = []
         self._policy: Policy | None = None
@@ -135,10 +136,10 @@ class Trainer:
         await ensure_topics_ready(self.kafka, (*TRAINED_TOPICS, "resources", "workers", "dlq"))
         quiet_transformers()
         set_threads(self.config.threads)
-        await self._read_resources()
         async with (
             producer(self.kafka) as prod,
             consumer(self.kafka, group_id=self.group_id) as cons,
+            self._following_resources(prod),
         ):
             self._publisher = EventPublisher(prod, self.topics)
             tps = self._partitions()
@@ -154,6 +155,24 @@ class Trainer:
             finally:
                 beats.cancel()
                 await self._heartbeat(WorkerStatus.STOPPED)
+
+    @contextlib.asynccontextmanager
+    async def _following_resources(self, prod: AIOKafkaProducer) -> AsyncIterator[None]:
+        """Fold the resources topic into self.resources from its start, and go on folding
+        while the trainer runs."""
+        loaded = asyncio.Event()
+        name = self.config.worker_id
+        following = asyncio.create_task(
+            follow_resources(self.kafka, prod, self.resources, name, loaded.set)
+        )
+        try:
+            await loaded.wait()
+            self._take_resources()
+            yield
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following  # its consumer closes before the producer it dead-letters to
 
     async def _consume(
         self, stream: EventStream, cons: AIOKafkaConsumer, stop: asyncio.Event
@@ -223,7 +242,7 @@ class Trainer:
         )
         evicted, self._evicted = self._evicted, []
         # Others may have published since (APO, a new endpoint): carry what is latest now.
-        await self._read_resources()
+        self._take_resources()
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
         stats = None
@@ -353,12 +372,12 @@ class Trainer:
 
     # -- resources ----------------------------------------------------------------------------
 
-    async def _read_resources(self) -> None:
-        cache = await read_resources(self.kafka)
-        self.versions.update({rid: e.version for rid, e in cache.versions.items()})
-        if cache.latest is not None:
-            # Resources the trainer does not own (a prompt template, an endpoint) go along.
-            latest = cache.latest.resources
+    def _take_resources(self) -> None:
+        """Versions known so far (for staleness), and the latest one's resources that the
+        trainer does not own (a prompt template, an endpoint), which its versions carry."""
+        self.versions.update({rid: e.version for rid, e in self.resources.versions.items()})
+        if self.resources.latest is not None:
+            latest = self.resources.latest.resources
             self._carried = {k: v for k, v in latest.items() if k != POLICY_RESOURCE}
 
     async def _publish_current(self) -> None:

@@ -23,7 +23,6 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -43,6 +42,7 @@ from agl_stream.queries import ReadModel
 from agl_stream.queries.models import Rollout
 from agl_stream.runner.resources import read_resources
 from agl_stream.streams import EventPublisher, Topics
+from agl_stream.templates import TemplateError
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.apo.prompts import (
     Example,
@@ -347,24 +347,22 @@ class Apo:
         return {**carried, state.prompt_name: prompt.model_dump(mode="json")}
 
     async def _publish_candidate(self, state: ApoState, candidate: Candidate) -> None:
-        assert self._publisher is not None
-        await self._publisher.publish("resources", ResourcesPublished.model_validate({
-            "resources_id": candidate.resources_id, "version": candidate.version,
-            "resources": self._resources(state, state.carried, candidate.template),
-            "published_by": self.config.worker_id,
-            "parent_resources_id": None if candidate.parent is None
-            else state.candidates[candidate.parent].resources_id,
-            "metadata": {PIN_ONLY: "true", "algorithm": "apo", "apo_run": state.run_id,
-                         "candidate": candidate.cid, "round": str(candidate.round)},
-        }))  # fmt: skip
+        parent = None if candidate.parent is None else state.candidates[candidate.parent]
+        await self._send(
+            candidate.resources_id, candidate.version,
+            self._resources(state, state.carried, candidate.template),
+            None if parent is None else parent.resources_id,
+            {PIN_ONLY: "true", "apo_run": state.run_id, "candidate": candidate.cid,
+             "round": str(candidate.round)},
+        )  # fmt: skip
 
     async def _publish_best(self, state: ApoState, best: Candidate) -> str:
-        latest, top = await self._latest()
-        carried = dict(state.carried)
-        if latest is not None:  # what others published since (a newer policy) goes along
-            carried = {k: v.model_dump(mode="json") for k, v in latest.resources.items()}
-            carried.pop(state.prompt_name, None)
-        version = max(state.next_version, top + 1)
+        resources = await read_resources(self.kafka)
+        # What others published since (a newer policy) goes along.
+        carried = (
+            _others(resources.latest, state.prompt_name) if resources.latest else state.carried
+        )
+        version = max(state.next_version, resources.top_version + 1)
         state.next_version = version + 1
         entry = Published(
             resources_id=f"{state.run_id}-v{version}", version=version, cid=best.cid,
@@ -376,15 +374,27 @@ class Apo:
         return entry.resources_id
 
     async def _send_published(self, state: ApoState, entry: Published) -> None:
-        assert self._publisher is not None
         best = state.candidates[entry.cid]
         previous = state.published[-2].resources_id if len(state.published) > 1 else None
+        await self._send(
+            entry.resources_id, entry.version, entry.resources, previous,
+            {"apo_run": state.run_id, "candidate": best.cid, "round": str(best.round),
+             "val_score": f"{best.score or 0.0:.6f}"},
+        )  # fmt: skip
+
+    async def _send(
+        self,
+        resources_id: str,
+        version: int,
+        resources: dict[str, Any],
+        parent: str | None,
+        metadata: dict[str, str],
+    ) -> None:
+        assert self._publisher is not None
         await self._publisher.publish("resources", ResourcesPublished.model_validate({
-            "resources_id": entry.resources_id, "version": entry.version,
-            "resources": entry.resources, "published_by": self.config.worker_id,
-            "parent_resources_id": previous,
-            "metadata": {"algorithm": "apo", "apo_run": state.run_id, "candidate": best.cid,
-                         "round": str(best.round), "val_score": f"{best.score or 0.0:.6f}"},
+            "resources_id": resources_id, "version": version, "resources": resources,
+            "published_by": self.config.worker_id, "parent_resources_id": parent,
+            "metadata": {"algorithm": "apo", **metadata},
         }))  # fmt: skip
 
     async def _republish(self, state: ApoState) -> None:
@@ -393,11 +403,6 @@ class Apo:
         compacted-topic reader). Candidates are published again by the round that runs them."""
         if state.published:
             await self._send_published(state, state.published[-1])
-
-    async def _latest(self) -> tuple[ResourcesPublished | None, int]:
-        """The latest version runners use, and the highest version number on the topic."""
-        cache = await read_resources(self.kafka)
-        return cache.latest, cache.top_version
 
     # -- state ------------------------------------------------------------------------------
 
@@ -413,7 +418,8 @@ class Apo:
                 )
             log.info("resumed %s at round %d", state.run_id, state.round)
             return state
-        latest, top = await self._latest()
+        resources = await read_resources(self.kafka)
+        latest = resources.latest
         template = cfg.seed_template
         engine = cfg.engine
         if template is None:
@@ -424,14 +430,14 @@ class Apo:
                     f"named {cfg.prompt_name!r}; pass one (--prompt)"
                 )
             template, engine = seed.template, seed.engine
-        PromptTemplate(template=template, engine=engine).placeholders()  # readable, or error
-        carried = {}
-        if latest is not None:
-            carried = {k: v.model_dump(mode="json") for k, v in latest.resources.items()}
-            carried.pop(cfg.prompt_name, None)
+        try:
+            PromptTemplate(template=template, engine=engine).placeholders()
+        except TemplateError as exc:
+            raise ApoError(f"the seed template cannot be used: {exc}") from None
         state = ApoState(
             run_id=f"{cfg.run_name}-{uuid.uuid4().hex[:8]}", prompt_name=cfg.prompt_name,
-            engine=engine.value, next_version=top + 1, carried=carried, tasks_digest=digest,
+            engine=engine.value, next_version=resources.top_version + 1,
+            carried=_others(latest, cfg.prompt_name) if latest else {}, tasks_digest=digest,
         )  # fmt: skip
         state.add_candidate(template, None)
         self._save(state)
@@ -447,6 +453,11 @@ class Apo:
         os.replace(partial, self.path)
 
 
+def _others(version: ResourcesPublished, prompt_name: str) -> dict[str, Any]:
+    """A version's resources other than the prompt APO improves (JSON), to carry along."""
+    return {k: v.model_dump(mode="json") for k, v in version.resources.items() if k != prompt_name}
+
+
 def read_state(state_dir: str) -> ApoState | None:
-    path = Path(checkpoint_root(state_dir)) / STATE_FILE
+    path = checkpoint_root(state_dir) / STATE_FILE
     return ApoState.from_json(path.read_text()) if path.is_file() else None
