@@ -32,6 +32,9 @@ class DecodeError(Exception):
         self.kind = kind  # not_single_object | unknown_schema | undecodable | invalid
 
 
+Datum = dict[str, Any]  # an Avro record as fastavro reads it
+
+
 @dataclass(frozen=True)
 class Decoded:
     event: Event
@@ -61,6 +64,24 @@ class Codec:
         return self.decode_with_writer(data).event
 
     def decode_with_writer(self, data: bytes | None) -> Decoded:
+        writer, datum = self.decode_datum(data)
+        try:
+            event = EVENT_TYPES[writer.event_type].model_validate(datum)
+        except ValidationError as exc:
+            raise DecodeError(f"invalid {writer.event_type}: {_one_line(exc)}", "invalid") from exc
+        return Decoded(event=event, writer=writer)
+
+    def event_type_of(self, data: bytes | None) -> str | None:
+        """The event type the record's schema fingerprint names (None: not a known one)."""
+        if data is None or not data.startswith(MARKER):
+            return None
+        writer = self._by_fingerprint.get(data[len(MARKER) : HEADER_LENGTH])
+        return None if writer is None else writer.event_type
+
+    def decode_datum(self, data: bytes | None, plain: bool = False) -> tuple[SchemaVersion, Datum]:
+        """The Avro body as read into the current schema, not yet validated as an event.
+        `plain` leaves logical types as their Avro values (uuid as text, timestamp-micros
+        as an integer) for callers that convert values themselves."""
         if data is None or len(data) < HEADER_LENGTH or not data.startswith(MARKER):
             raise DecodeError(
                 "not an Avro single-object encoded record (expected marker C3 01 and a "
@@ -82,7 +103,10 @@ class Codec:
             )
         body = io.BytesIO(data[HEADER_LENGTH:])
         try:
-            datum = schemaless_reader(body, writer.parsed, reader.parsed)
+            if plain:
+                datum = schemaless_reader(body, writer.plain, reader.plain)
+            else:
+                datum = schemaless_reader(body, writer.parsed, reader.parsed)
         except Exception as exc:
             raise DecodeError(
                 f"undecodable {writer.event_type} body: {type(exc).__name__}: {exc}",
@@ -94,11 +118,7 @@ class Codec:
                 "trailing bytes",
                 "undecodable",
             )
-        try:
-            event = EVENT_TYPES[writer.event_type].model_validate(datum)
-        except ValidationError as exc:
-            raise DecodeError(f"invalid {writer.event_type}: {_one_line(exc)}", "invalid") from exc
-        return Decoded(event=event, writer=writer)
+        return writer, datum  # type: ignore[return-value]
 
 
 def _to_datum(event: Event) -> dict[str, Any]:

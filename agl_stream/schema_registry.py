@@ -31,6 +31,9 @@ class SchemaVersion:
     canonical: str  # Avro Parsing Canonical Form
     fingerprint: bytes  # CRC-64-AVRO of the canonical form, little-endian (as on the wire)
     parsed: Any = field(repr=False, compare=False)
+    # The same without logical types (uuid as text, timestamps as integers): for readers
+    # that convert values themselves (the projector's span rows).
+    plain: Any = field(repr=False, compare=False)
 
     @property
     def fingerprint_hex(self) -> str:
@@ -54,7 +57,16 @@ def _version(event_type: str, release: str, expanded: Mapping[str, Any]) -> Sche
         # Parsed once, with fastavro's "already parsed" hint: without it fastavro parses the
         # schema again on every read and write (half the decode time of a span).
         parsed=parse_schema(dict(expanded)),
+        plain=parse_schema(_without_logical_types(expanded)),
     )
+
+
+def _without_logical_types(schema: Any) -> Any:
+    if isinstance(schema, Mapping):
+        return {k: _without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [_without_logical_types(v) for v in schema]
+    return schema
 
 
 def load_current(directory: Path | None = None) -> dict[str, SchemaVersion]:

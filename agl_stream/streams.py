@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
-from agl_stream.codec import Codec, DecodeError
+from agl_stream.codec import Codec, Datum, DecodeError
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetter, dead_letter
 from agl_stream.events import Event
@@ -35,11 +36,26 @@ class ConsumedEvent:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+@dataclass(frozen=True)
+class Converted:
+    """A record a converter made into something other than an event (see EventStream)."""
+
+    value: Any
+    event_type: str
+    offset: int
+    timestamp_ms: int | None
+
+
+Converter = Callable[[Datum], Any]
+
+
 @dataclass
 class Batch:
-    """Events that decoded, and the offset to commit per partition (past the dead letters)."""
+    """Events that decoded (and records converters took), and the offset to commit per
+    partition (past the dead letters)."""
 
     events: dict[TopicPartition, list[ConsumedEvent]] = field(default_factory=dict)
+    converted: dict[TopicPartition, list[Converted]] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     first_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     dead_lettered: int = 0
@@ -106,7 +122,11 @@ class EventStream:
     dead-letter topic (or, with no producer, are only counted: a replay reads records whose
     dead letters were sent when they were first consumed), and the stream moves on. Dead
     letters are on the broker before a batch is returned, so committing the batch's
-    next_offsets never loses a record."""
+    next_offsets never loses a record.
+
+    `converters` take records of the named event types instead of the event models: each
+    gets the plain Avro datum (Codec.decode_datum) and returns the value the batch keeps in
+    `converted`; a ValueError it raises dead-letters the record as invalid."""
 
     def __init__(
         self,
@@ -115,12 +135,14 @@ class EventStream:
         topics: Topics,
         consumer_name: str,
         codec: Codec | None = None,
+        converters: Mapping[str, Converter] | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
         self._topics = topics
         self._name = consumer_name
         self._codec = codec or Codec()
+        self._converters = dict(converters or {})
 
     async def next_batch(self, timeout_ms: int = 1000, max_records: int | None = None) -> Batch:
         records = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
@@ -130,10 +152,13 @@ class EventStream:
             if items:
                 batch.first_offsets[tp] = items[0].offset
             good: list[ConsumedEvent] = []
+            converted: list[Converted] = []
             for record in items:
                 consumed, letter = self._decode(record)
-                if consumed is not None:
+                if type(consumed) is ConsumedEvent:
                     good.append(consumed)
+                elif consumed is not None:
+                    converted.append(consumed)  # type: ignore[arg-type]
                 elif letter is not None and self._producer is not None:
                     pending.append(await self._send_dead_letter(letter))
                 else:
@@ -141,6 +166,8 @@ class EventStream:
                 batch.next_offsets[tp] = record.offset + 1
             if good:
                 batch.events[tp] = good
+            if converted:
+                batch.converted[tp] = converted
         if pending:
             await asyncio.gather(*pending)
             batch.dead_lettered += len(pending)
@@ -150,21 +177,39 @@ class EventStream:
         if batch.next_offsets:
             await self._consumer.commit(dict(batch.next_offsets))
 
-    def _decode(self, record: ConsumerRecord) -> tuple[ConsumedEvent | None, DeadLetter | None]:
+    def _decode(
+        self, record: ConsumerRecord
+    ) -> tuple[ConsumedEvent | Converted | None, DeadLetter | None]:
         headers = tuple(record.headers or ())
         try:
-            event = self._codec.decode(record.value)
+            item: ConsumedEvent | Converted | None = (
+                self._convert(record) if self._converters else None
+            )
+            if item is None:
+                event = self._codec.decode(record.value)
+                item = ConsumedEvent(
+                    event, record.topic, record.partition, record.offset, record.timestamp, headers
+                )
         except DecodeError as exc:
             return None, self._letter(record, headers, exc.reason, exc.kind)
-        if not self._topics.allows(record.topic, event.type_name()):
-            reason = f"{event.type_name()} events do not belong on {record.topic}"
+        event_type = item.event_type if isinstance(item, Converted) else item.event.type_name()
+        if not self._topics.allows(record.topic, event_type):
+            reason = f"{event_type} events do not belong on {record.topic}"
             return None, self._letter(record, headers, reason, "wrong_topic")
-        return (
-            ConsumedEvent(
-                event, record.topic, record.partition, record.offset, record.timestamp, headers
-            ),
-            None,
-        )
+        return item, None
+
+    def _convert(self, record: ConsumerRecord) -> Converted | None:
+        """The record through its type's converter; None when its type has none (it is then
+        decoded as an event, from the same bytes: the header names the schema)."""
+        convert = self._converters.get(self._codec.event_type_of(record.value) or "")
+        if convert is None:
+            return None
+        writer, datum = self._codec.decode_datum(record.value, plain=True)
+        try:
+            value = convert(datum)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DecodeError(f"invalid {writer.event_type}: {exc}", "invalid") from exc
+        return Converted(value, writer.event_type, record.offset, record.timestamp)
 
     def _letter(
         self, record: ConsumerRecord, headers: tuple[tuple[str, bytes], ...], reason: str, kind: str

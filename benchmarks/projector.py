@@ -51,7 +51,7 @@ from agl_stream.projection.fold import span_row
 from agl_stream.projection.rows import SpanRow, columns, values
 from agl_stream.projection.store import connect
 from agl_stream.streams import EventPublisher, Topics
-from benchmarks.runners import sample
+from benchmarks.runners import sample, stack_cpu
 from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
 from benchmarks.synthetic import _flat, attributes
 
@@ -156,6 +156,7 @@ async def project(
     conn = await connect(database.asyncpg_dsn)
     try:
         start_samples = {p.pid: sample(p.pid) for p in processes}
+        stack_start = stack_cpu()
         t0 = c0 = s0 = None
         columns_ = (
             TextColumn("projecting"),
@@ -171,12 +172,14 @@ async def project(
                 if t0 is None and done > 0:
                     t0, c0, s0 = now, done, spans
                     start_samples = {p.pid: sample(p.pid) for p in processes}
+                    stack_start = stack_cpu()
                 progress.update(bar, completed=done)
                 if done >= records:
                     t1 = now
                     break
                 await asyncio.sleep(0.2)
         end_samples = {p.pid: sample(p.pid) for p in processes}
+        stack_end = stack_cpu()
         assert t0 is not None
         assert c0 is not None
         assert s0 is not None
@@ -195,6 +198,7 @@ async def project(
             round(end_samples[p.pid].cpu_seconds - start_samples[p.pid].cpu_seconds, 1)
             for p in processes
         ],
+        **{f"{name}_cpu_s": round(stack_end[name] - stack_start[name], 1) for name in stack_end},
         "projector_peak_rss_mb": [round(end_samples[p.pid].peak_rss_mb, 1) for p in processes],
         **steady,
     }

@@ -59,6 +59,28 @@ def sample(pid: int) -> ProcessSample:
     return ProcessSample(cpu, mb("VmRSS"), mb("VmHWM"))
 
 
+STACK_COMMANDS = {"tansu": "broker", "weed": "storage", "postgres": "postgres"}
+
+
+def stack_cpu() -> dict[str, float]:
+    """CPU seconds so far of the embedded stack's processes by component (every PostgreSQL
+    backend counted, including the benchmark's own connections)."""
+    totals = dict.fromkeys(STACK_COMMANDS.values(), 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        command = stat[stat.index("(") + 1 : stat.rindex(")")]
+        component = STACK_COMMANDS.get(command)
+        if component is not None:
+            fields = stat.rsplit(")", 1)[1].split()
+            totals[component] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return totals
+
+
 async def positions(kafka: KafkaSettings, topic: str) -> dict[TopicPartition, int]:
     spec = load_topic_specs()[topic]
     return await end_offsets(

@@ -3,6 +3,7 @@
 The stored next offset of every partition in the batch is locked; records below it were
 applied already (a restart, or another projector during a rebalance) and are skipped; rows
 and the new offsets commit together. Nothing here knows about consumer groups.
+Spans come as rows already (CONVERTERS: the stream builds them from the Avro data).
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ import asyncpg
 
 from agl_stream.events import Event
 from agl_stream.projection.fold import keys, project
+from agl_stream.projection.rows import SpanRow
+from agl_stream.projection.span_record import span_row_from_datum
 from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
 from agl_stream.streams import Batch
+
+# What the projector's and the replay's streams hand over as rows, not as event models.
+CONVERTERS = {"SpanRecorded": span_row_from_datum}
 
 
 @dataclass(frozen=True)
@@ -86,17 +92,20 @@ class Projection:
             if behind:
                 return Behind(behind)
             events: list[Event] = []
+            span_rows: list[SpanRow] = []
             for p, tp in partitions.items():
                 floor = stored.get(p, -1)
                 if batch.next_offsets[tp] <= floor:
                     continue  # all of it is in the database already
                 events.extend(c.event for c in batch.events.get(tp, ()) if c.offset >= floor)
+                span_rows.extend(c.value for c in batch.converted.get(tp, ()) if c.offset >= floor)
                 advanced[p] = batch.next_offsets[tp]
             if not advanced:
                 return Applied(0, 0, 0)
             state = await store.load(keys(events))
             changes = project(events, state)
+            changes.spans.extend(span_rows)
             await store.write(changes)
             await store.save_offsets(advanced, ends)
         self.positions.update(advanced)
-        return Applied(len(events), len(changes.spans), len(changes))
+        return Applied(len(events) + len(span_rows), len(changes.spans), len(changes))

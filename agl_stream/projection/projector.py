@@ -24,7 +24,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
 from agl_stream.kafka import consumer, producer
-from agl_stream.projection.apply import Applied, Behind, Projection, Switched
+from agl_stream.projection.apply import CONVERTERS, Applied, Behind, Projection, Switched
 from agl_stream.projection.store import Partition, active_read_model, connect
 from agl_stream.streams import Batch, EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
@@ -92,7 +92,9 @@ class Projector:
                 reader.subscribe(
                     [self.topics.name(t) for t in PROJECTED_TOPICS], listener=_Rebalance(self)
                 )
-                stream = EventStream(reader, prod, self.topics, self.group_id)
+                stream = EventStream(
+                    reader, prod, self.topics, self.group_id, converters=CONVERTERS
+                )
                 beats = asyncio.create_task(self._heartbeats(publisher, stop))
                 try:
                     await self._loop(stream, stop)

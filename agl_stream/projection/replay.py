@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.db.migrate import create_read_model
 from agl_stream.kafka import consumer, end_offsets
-from agl_stream.projection.apply import Applied, Projection
+from agl_stream.projection.apply import CONVERTERS, Applied, Projection
 from agl_stream.projection.projector import PROJECTED_TOPICS
 from agl_stream.projection.store import Partition, connect
 from agl_stream.streams import Batch, EventStream, Topics
@@ -92,7 +92,7 @@ async def replay(
             for tp in tps:
                 reader.seek(tp, 0)
                 projection.positions[(tp.topic, tp.partition)] = None
-            stream = EventStream(reader, None, topics, f"replay-{name}")
+            stream = EventStream(reader, None, topics, f"replay-{name}", converters=CONVERTERS)
             rounds = _Rounds(kafka, reader, stream, projection, limits, progress)
             await rounds.catch_up(tps)
             if switch and not limits.historical:
@@ -156,14 +156,15 @@ class _Rounds:
         )
         for tp in list(batch.next_offsets):
             stop = targets[tp]
-            for item in batch.events.get(tp, ()):
-                if until_ms is not None and (item.timestamp_ms or 0) > until_ms:
-                    stop = min(stop, item.offset)
-                    break
+            if until_ms is not None:
+                for item in (*batch.events.get(tp, ()), *batch.converted.get(tp, ())):
+                    if (item.timestamp_ms or 0) > until_ms:
+                        stop = min(stop, item.offset)
             if batch.next_offsets[tp] >= stop:
                 finished.add(tp)
                 batch.next_offsets[tp] = stop
                 batch.events[tp] = [e for e in batch.events.get(tp, ()) if e.offset < stop]
+                batch.converted[tp] = [c for c in batch.converted.get(tp, ()) if c.offset < stop]
         return finished
 
 

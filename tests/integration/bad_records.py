@@ -8,6 +8,7 @@ import os
 import fastavro
 
 from agl_stream.codec import MARKER, Codec
+from agl_stream.schema_registry import default_registry
 from tests.integration.helpers import examples
 from tests.unit.strategies import EVENT_STRATEGIES
 
@@ -28,6 +29,7 @@ EXPECTED_KIND = {
     "foreign schema": "unknown_schema",
     "truncated": "undecodable",
     "wrong topic": "wrong_topic",
+    "invalid": "invalid",
 }
 
 
@@ -46,9 +48,22 @@ def bad_records(codec: Codec, topic: str) -> dict[str, bytes]:
     """One record of each kind of bad, for a topic (its short name), by label."""
     good = codec.encode(examples(EVENT_STRATEGIES[EVENT_TOPICS[topic]], 1)[0])
     misplaced_type = "SpanRecorded" if topic != "spans" else "WorkerHeartbeat"
-    return {
+    records = {
         "random": os.urandom(64),
         "foreign schema": foreign_record(),
         "truncated": good[: len(good) // 2],
         "wrong topic": codec.encode(examples(EVENT_STRATEGIES[misplaced_type], 1)[0]),
     }
+    if topic == "spans":  # Avro-valid, refused by the event model (and the projector's rows)
+        records["invalid"] = invalid_span()
+    return records
+
+
+def invalid_span() -> bytes:
+    """A SpanRecorded whose trace id is not 32 hex digits: Avro reads it, the model refuses."""
+    schema = default_registry().current["SpanRecorded"]
+    datum = examples(EVENT_STRATEGIES["SpanRecorded"], 1)[0].model_dump(mode="python")
+    datum["trace_id"] = "not-a-trace-id"
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema.parsed, datum)
+    return MARKER + schema.fingerprint + body.getvalue()

@@ -4,19 +4,28 @@ and the consumer reading them stays alive and keeps delivering good events."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+
+import pytest
 
 from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
 from agl_stream.kafka import consumer, producer
-from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics
+from agl_stream.projection.apply import CONVERTERS
+from agl_stream.streams import Batch, Converter, EventPublisher, EventStream, Topics
 from tests.integration.bad_records import EVENT_TOPICS, EXPECTED_KIND, bad_records
 from tests.integration.helpers import eventually, examples
 from tests.unit.strategies import EVENT_STRATEGIES
 
 
-async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings) -> None:
+@pytest.mark.parametrize("converters", [None, CONVERTERS], ids=["events", "projector rows"])
+async def test_bad_records_on_every_topic_are_dead_lettered(
+    kafka: KafkaSettings, converters: Mapping[str, Converter] | None
+) -> None:
+    """The same with the projector's converters (spans straight to rows): the same records
+    are refused, for the same reasons."""
     topics = Topics(kafka)
     codec = Codec()
     group = f"g-{uuid.uuid4().hex[:6]}"
@@ -37,35 +46,35 @@ async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings
             # a good event after the bad ones: the consumer must still deliver it
             event = examples(EVENT_STRATEGIES[EVENT_TOPICS[short]], 1)[0]
             await publisher.publish(short, event)
-            good_ids.add(event.event_id)
+            good_ids.add(str(event.event_id))
 
         async with consumer(
             kafka, *names, group_id=group, session_timeout_ms=6000, heartbeat_interval_ms=500
         ) as c:
-            stream = EventStream(c, prod, topics, consumer_name=group)
-            delivered: list[ConsumedEvent] = []
+            stream = EventStream(c, prod, topics, consumer_name=group, converters=converters)
+            delivered: list[str] = []
             dead = 0
 
             async def through() -> bool:
                 nonlocal dead
                 batch = await stream.next_batch(timeout_ms=100)
-                delivered.extend(batch)
+                delivered.extend(_event_ids(batch))
                 dead += batch.dead_lettered
                 await stream.commit(batch)
                 return len(delivered) + dead >= len(sent_bad) + len(good_ids)
 
             await eventually(through, 60, "every record")
-            assert {e.event.event_id for e in delivered} == good_ids
+            assert set(delivered) == good_ids
             assert dead == len(sent_bad)
 
             # The consumer is alive: a later good event still arrives.
             late = examples(EVENT_STRATEGIES["SpanRecorded"], 1)[0]
             await publisher.publish("spans", late)
-            later: list[ConsumedEvent] = []
+            later: list[str] = []
 
             async def arrived() -> bool:
-                later.extend(await stream.next_batch(timeout_ms=100))
-                return any(e.event.event_id == late.event_id for e in later)
+                later.extend(_event_ids(await stream.next_batch(timeout_ms=100)))
+                return str(late.event_id) in later
 
             await eventually(arrived, 30, "a good event after the bad ones")
 
@@ -76,6 +85,15 @@ async def test_bad_records_on_every_topic_are_dead_lettered(kafka: KafkaSettings
         letter: DeadLetterView = by_source[source]
         assert letter.kind == EXPECTED_KIND[label], (label, letter.reason)
         assert letter.reason
+        if label == "invalid":
+            assert "trace_id" in letter.reason
         assert letter.consumer == group
     first = letters[0]
     assert first.value is not None
+
+
+def _event_ids(batch: Batch) -> list[str]:
+    """Event ids of what a batch delivered, as events or as converted span rows."""
+    ids = [str(item.event.event_id) for item in batch]
+    ids += [str(c.value.event_id) for items in batch.converted.values() for c in items]
+    return ids
