@@ -164,6 +164,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
             "--agent", "benchmarks.synthetic:agent", "--concurrency", str(args.concurrency),
+            "--linger-ms", str(args.linger_ms),
             "--worker-id", f"bench-{i}", env=env, stdout=asyncio.subprocess.DEVNULL,
         )
         for i in range(args.runners)
@@ -199,7 +200,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for pid in before
     }
     result: dict[str, object] = {
-        "runners": args.runners, "concurrency": args.concurrency, "rollouts": args.rollouts,
+        "runners": args.runners, "concurrency": args.concurrency, "linger_ms": args.linger_ms,
+        "rollouts": args.rollouts,
         "max_rounds": args.max_rounds, "sleep": args.sleep,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": round(args.rollouts / elapsed, 1),
@@ -219,6 +221,7 @@ def report(result: dict[str, object]) -> None:
     for key in (
         "runners",
         "concurrency",
+        "linger_ms",
         "rollouts",
         "max_rounds",
         "sleep",
@@ -246,6 +249,7 @@ if __name__ == "__main__":
     parser = benchmark_parser(__doc__)
     parser.add_argument("--runners", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts at once per runner")
+    parser.add_argument("--linger-ms", type=int, default=10, help="runners' --linger-ms")
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--max-rounds", type=int, default=5)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds of sleep per span")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -32,6 +32,7 @@ from agl_stream.projection.rows import (
     RolloutRow,
     SpanRow,
     WorkerRow,
+    evolve,
 )
 
 AttemptKey = tuple[str, str]
@@ -157,7 +158,7 @@ def apply_rollout(
             event.attempt_number == row.queued_attempt
             and _first(event, row.queued_at, row.queued_event_id)
         ):
-            return replace(
+            return evolve(
                 row,
                 mode=event.mode.value,
                 input=json.loads(event.input_json),
@@ -175,7 +176,7 @@ def apply_rollout(
         return row
     if isinstance(event, RolloutCancelled):
         if _first(event, row.cancel_requested_at, row.cancel_event_id):
-            return replace(
+            return evolve(
                 row,
                 cancel_requested_at=event.occurred_at,
                 cancel_reason=event.reason,
@@ -184,7 +185,7 @@ def apply_rollout(
             )
         return row
     if _first(event, row.finished_at, row.finished_event_id):
-        return replace(
+        return evolve(
             row,
             finished_status=event.status.value,
             finished_at=event.occurred_at,
@@ -207,7 +208,7 @@ def derive(row: RolloutRow, attempts: list[AttemptRow]) -> RolloutRow:
         times += [attempt.started_at, attempt.finished_at]
     present = [t for t in times if t is not None]
     started = [a.started_at for a in attempts if a.started_at is not None]
-    return replace(
+    return evolve(
         row,
         status=_status(row, latest),
         attempt_count=len({a.attempt_id for a in attempts}),
@@ -250,7 +251,7 @@ def apply_attempt(row: AttemptRow | None, event: AttemptStarted | AttemptFinishe
         )
     if isinstance(event, AttemptStarted):
         if _first(event, row.started_at, row.started_event_id):
-            row = replace(
+            row = evolve(
                 row,
                 resources_id=event.resources_id,
                 task_offset=event.task_offset,
@@ -259,7 +260,7 @@ def apply_attempt(row: AttemptRow | None, event: AttemptStarted | AttemptFinishe
                 started_worker_id=event.worker_id,
             )
     elif _first(event, row.finished_at, row.finished_event_id):
-        row = replace(
+        row = evolve(
             row,
             finished_at=event.occurred_at,
             finished_status=event.status.value,
@@ -269,7 +270,7 @@ def apply_attempt(row: AttemptRow | None, event: AttemptStarted | AttemptFinishe
             reward=event.reward,
             finished_event_id=event.event_id,
         )
-    return replace(
+    return evolve(
         row,
         attempt_number=max(row.attempt_number, event.attempt_number),
         status=row.finished_status or "running",
@@ -339,7 +340,7 @@ def apply_heartbeat(row: WorkerRow | None, event: WorkerHeartbeat) -> WorkerRow:
         event.occurred_at,
         event.event_id,
     ):
-        return replace(row, first_seen_at=first_seen)
+        return evolve(row, first_seen_at=first_seen)
     return WorkerRow(
         worker_id=event.worker_id,
         role=event.role.value,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 Json = Any  # a value PostgreSQL stores as jsonb
 
@@ -139,6 +139,24 @@ _COLUMNS: dict[type[Row], tuple[str, ...]] = {
 _GETTERS: dict[type[Row], Callable[[Row], tuple[Any, ...]]] = {
     t: operator.attrgetter(*names) for t, names in _COLUMNS.items()
 }
+
+
+R = TypeVar("R", RolloutRow, AttemptRow, ResourcesRow, WorkerRow)
+_set = object.__setattr__
+
+
+def evolve(row: R, **changes: Any) -> R:
+    """dataclasses.replace for these rows, at a third of its cost (the fold calls it for
+    every lifecycle event): the new row's slots are set directly, unchanged ones copied.
+    Field names are checked as replace would."""
+    cls = type(row)
+    unknown = changes.keys() - _COLUMNS[cls]
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+    new = object.__new__(cls)
+    for name in _COLUMNS[cls]:
+        _set(new, name, changes[name] if name in changes else getattr(row, name))
+    return new
 
 
 def columns(row_type: type[Row]) -> tuple[str, ...]:

@@ -3,15 +3,17 @@ topics, any split into batches and any duplicate delivery give the same rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agl_stream.events import Event
 from agl_stream.projection.fold import Changes, State, keys, project
-from agl_stream.projection.rows import SpanRow
+from agl_stream.projection.rows import SpanRow, evolve
 from tests.traffic import traffic
 
 
@@ -119,3 +121,14 @@ def test_a_running_rollout_and_one_waiting_for_its_retry() -> None:
     assert tables.state.rollouts["ro-00001"].status == "running"
     tables = fold_in_order(rollout[:1])
     assert tables.state.rollouts["ro-00001"].status == "queuing"
+
+
+def test_evolve_is_dataclasses_replace() -> None:
+    tables = fold_in_order(EVENTS)
+    rows = [*tables.state.rollouts.values(), *tables.state.attempts.values()]
+    for row in rows:
+        changes = {"status": "x", "worker_id": "w9"}
+        assert evolve(row, **changes) == dataclasses.replace(row, **changes)
+        assert evolve(row) == row and evolve(row) is not row
+    with pytest.raises(TypeError, match="no fields"):
+        evolve(rows[0], colour="blue")
