@@ -1,11 +1,11 @@
-"""Garbage-collector settings for the long-running workers' hot loops.
+"""Garbage-collector settings for the projector's hot loop.
 
-A projector or runner allocates a few dicts and tuples per record, tens of thousands a
-second, and keeps almost none of them: with CPython's default thresholds (a young
-collection every 700 net allocations) the collector ran often enough to take about a
-quarter of the projector's decode time. Objects alive after start-up (modules, schemas,
-clients) are frozen out of every collection; young collections come every 50,000
-allocations. Reference counting still frees nearly everything at once; only cycles wait.
+A projector allocates a few dicts and tuples per record, tens of thousands a second, and
+keeps almost none of them: with CPython's default thresholds (a young collection every 700
+net allocations) the collector took about a quarter of the projector's decode time. Objects
+alive after start-up (modules, schemas, clients) are frozen out of every collection; young
+collections come every 50,000 allocations. Reference counting still frees nearly everything
+at once; only cycles wait.
 """
 
 from __future__ import annotations
