@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
@@ -118,7 +118,7 @@ class Codec:
                 "trailing bytes",
                 "undecodable",
             )
-        return writer, datum  # type: ignore[return-value]
+        return writer, cast(Datum, datum)
 
 
 def _to_datum(event: Event) -> dict[str, Any]:

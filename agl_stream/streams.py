@@ -155,10 +155,10 @@ class EventStream:
             converted: list[Converted] = []
             for record in items:
                 consumed, letter = self._decode(record)
-                if type(consumed) is ConsumedEvent:
+                if isinstance(consumed, ConsumedEvent):
                     good.append(consumed)
-                elif consumed is not None:
-                    converted.append(consumed)  # type: ignore[arg-type]
+                elif isinstance(consumed, Converted):
+                    converted.append(consumed)
                 elif letter is not None and self._producer is not None:
                     pending.append(await self._send_dead_letter(letter))
                 else:
