@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,13 @@ class SchemaVersion:
     canonical: str  # Avro Parsing Canonical Form
     fingerprint: bytes  # CRC-64-AVRO of the canonical form, little-endian (as on the wire)
     parsed: Any = field(repr=False, compare=False)
-    # The same without logical types (uuid as text, timestamps as integers): for readers
-    # that convert values themselves (the projector's span rows).
-    plain: Any = field(repr=False, compare=False)
+
+    @cached_property
+    def plain(self) -> Any:
+        """The schema parsed without logical types (uuid as text, timestamps as integers),
+        for readers that convert values themselves (the projector's span rows); parsed on
+        first use, so other processes never pay for it."""
+        return parse_schema(_without_logical_types(self.schema))
 
     @property
     def fingerprint_hex(self) -> str:
@@ -57,7 +61,6 @@ def _version(event_type: str, release: str, expanded: Mapping[str, Any]) -> Sche
         # Parsed once, with fastavro's "already parsed" hint: without it fastavro parses the
         # schema again on every read and write (half the decode time of a span).
         parsed=parse_schema(dict(expanded)),
-        plain=parse_schema(_without_logical_types(expanded)),
     )
 
 

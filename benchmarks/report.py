@@ -123,7 +123,7 @@ def runners_section(f: dict[str, Any]) -> str:
         ("spans/s", f["spans_per_s"]),
         ("rollouts", f"{f['rollouts']:,}"),
         ("runners x concurrency", f"{f['runners']} x {f['concurrency']}"),
-        ("runner --linger-ms", f.get("linger_ms", 10)),
+        ("runner --linger-ms", f["linger_ms"]),
         ("enqueue-to-start p50 ms", f["enqueue_to_start_p50_ms"]),
         ("enqueue-to-start p99 ms", f["enqueue_to_start_p99_ms"]),
         ("runner RSS MB after 1,000 rollouts", f["runner_rss_mb_after_1000"]),

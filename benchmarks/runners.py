@@ -44,9 +44,14 @@ class ProcessSample:
     peak_rss_mb: float
 
 
+def _cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds from the text of /proc/PID/stat."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def sample(pid: int) -> ProcessSample:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    cpu = _cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
     status = dict(
         line.split(":", 1)
         for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -76,8 +81,7 @@ def stack_cpu() -> dict[str, float]:
         command = stat[stat.index("(") + 1 : stat.rindex(")")]
         component = STACK_COMMANDS.get(command)
         if component is not None:
-            fields = stat.rsplit(")", 1)[1].split()
-            totals[component] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+            totals[component] += _cpu_seconds(stat)
     return totals
 
 

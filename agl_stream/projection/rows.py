@@ -1,4 +1,4 @@
-"""Rows of the read model, one dataclass per table; field names are column names.
+"""Rows of the read model, one class per table; field names are column names.
 
 A row keeps, for each kind of event that shapes it, the facts of one chosen event (its
 "slot"): the earliest by (occurred_at, event_id), or for queued tasks the highest attempt.
@@ -131,10 +131,12 @@ class WorkerRow:
 Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow
 
 
-_ROW_TYPES: tuple[type[Row], ...] = (RolloutRow, AttemptRow, SpanRow, ResourcesRow, WorkerRow)
 _COLUMNS: dict[type[Row], tuple[str, ...]] = {
-    t: tuple(t._fields) if t is SpanRow else tuple(f.name for f in fields(t))  # type: ignore[arg-type]
-    for t in _ROW_TYPES
+    SpanRow: SpanRow._fields,
+    **{
+        t: tuple(f.name for f in fields(t))
+        for t in (RolloutRow, AttemptRow, ResourcesRow, WorkerRow)
+    },
 }
 _GETTERS: dict[type[Row], Callable[[Row], tuple[Any, ...]]] = {
     t: operator.attrgetter(*names) for t, names in _COLUMNS.items()

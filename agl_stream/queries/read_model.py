@@ -207,24 +207,24 @@ class ReadModel:
     # ---- resources and workers -----------------------------------------------------------
 
     async def resources_history(
-        self, *, name: str | None = None, limit: int = 100, pin_only: bool = True
+        self, *, name: str | None = None, limit: int = 100, include_pin_only: bool = True
     ) -> list[Resources]:
         """Resources versions, newest first; `name` keeps those holding that resource;
-        `pin_only=False` leaves out versions only pinned tasks run with (candidates)."""
+        `include_pin_only=False` leaves out versions only pinned tasks run with (candidates)."""
         check_limit(limit)
         check_text(name=name)
         r = db.resources.c
         query = select(*(getattr(r, f) for f in Resources.model_fields))
         if name is not None:
             query = query.where(r.resources.has_key(name))
-        if not pin_only:
+        if not include_pin_only:
             query = query.where(r["metadata"][PIN_ONLY].astext.is_distinct_from("true"))
         query = query.order_by(r.version.desc(), r.published_at.desc(), r.resources_id)
         return [Resources.model_validate(dict(x)) for x in await self._all(query.limit(limit))]
 
     async def latest_resources(self) -> Resources:
         """The version runners hand out: the highest one that is not pin-only."""
-        history = await self.resources_history(limit=1, pin_only=False)
+        history = await self.resources_history(limit=1, include_pin_only=False)
         if not history:
             raise NotFound("no resources have been published")
         return history[0]

@@ -32,7 +32,9 @@ from tests.unit.test_cli import _commands
 
 # Commands that would start something long-lived when their input happens to be valid:
 # only their parsing is fuzzed. The others run to the end against nothing listening.
-LONG_LIVED = {"up", "down", "demo", "worker", "serve", "gateway", "chaos"}
+# Parsed only, never run: long-lived commands (a valid line would start a server or a
+# worker), and `schemas release`, which writes into the repository's schemas/released/.
+LONG_LIVED = {"up", "down", "demo", "worker", "serve", "gateway", "chaos", "release"}
 
 NOBODY = pick_port(40_000, 50_000)
 UNREACHABLE_ENV = {
@@ -120,7 +122,8 @@ def leaf_invocations(draw: st.DrawFn, paths: list[tuple[str, ...]]) -> tuple[str
 def test_long_lived_commands_parse_any_arguments_or_say_why(
     invocation: tuple[tuple[str, ...], list[str]],
 ) -> None:
-    """Parsing only: a valid command line would start a server or a worker."""
+    """Parsing only: a valid command line would start a server or a worker, or write a
+    schema release into the repository."""
     path, tokens = invocation
     message = "parsed"
     try:
