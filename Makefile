@@ -10,7 +10,9 @@ TORCH ?= torch==2.13.0
 
 .PHONY: install up down status demo test unit integration chaos bench lint clean
 
-$(STAMP): pyproject.toml
+# setup.py builds the projector's compiled span reader (optional: without a C compiler the
+# projector reads spans through fastavro); editing the C source reinstalls.
+$(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)

@@ -46,7 +46,16 @@ class Converted:
     timestamp_ms: int | None
 
 
-Converter = Callable[[Datum], Any]
+@dataclass(frozen=True)
+class Converter:
+    """How a stream takes records of one event type instead of event models: `from_datum`
+    gets the plain Avro datum (Codec.decode_datum) and returns the value, or raises
+    ValueError to dead-letter the record as invalid; `from_record`, where given, is tried
+    first on the record's bytes and returns the value, or None to leave the record to
+    `from_datum` (it never refuses a record itself)."""
+
+    from_datum: Callable[[Datum], Any]
+    from_record: Callable[[bytes], Any] | None = None
 
 
 @dataclass
@@ -124,9 +133,8 @@ class EventStream:
     letters are on the broker before a batch is returned, so committing the batch's
     next_offsets never loses a record.
 
-    `converters` take records of the named event types instead of the event models: each
-    gets the plain Avro datum (Codec.decode_datum) and returns the value the batch keeps in
-    `converted`; a ValueError it raises dead-letters the record as invalid."""
+    `converters` take records of the named event types instead of the event models (see
+    Converter); the batch keeps what they return in `converted`."""
 
     def __init__(
         self,
@@ -201,15 +209,18 @@ class EventStream:
     def _convert(self, record: ConsumerRecord) -> Converted | None:
         """The record through its type's converter; None when its type has none (it is then
         decoded as an event, from the same bytes: the header names the schema)."""
-        convert = self._converters.get(self._codec.event_type_of(record.value) or "")
-        if convert is None:
+        event_type = self._codec.event_type_of(record.value)
+        convert = self._converters.get(event_type or "")
+        if convert is None or event_type is None:
             return None
-        writer, datum = self._codec.decode_datum(record.value, plain=True)
-        try:
-            value = convert(datum)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise DecodeError(f"invalid {writer.event_type}: {exc}", "invalid") from exc
-        return Converted(value, writer.event_type, record.offset, record.timestamp)
+        value = None if convert.from_record is None else convert.from_record(record.value)
+        if value is None:
+            writer, datum = self._codec.decode_datum(record.value, plain=True)
+            try:
+                value = convert.from_datum(datum)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise DecodeError(f"invalid {writer.event_type}: {exc}", "invalid") from exc
+        return Converted(value, event_type, record.offset, record.timestamp)
 
     def _letter(
         self, record: ConsumerRecord, headers: tuple[tuple[str, bytes], ...], reason: str, kind: str

@@ -16,12 +16,12 @@ import asyncpg
 from agl_stream.events import Event
 from agl_stream.projection.fold import keys, project
 from agl_stream.projection.rows import SpanRow
-from agl_stream.projection.span_record import span_row_from_datum
+from agl_stream.projection.span_record import span_row_from_datum, span_row_from_record
 from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
-from agl_stream.streams import Batch
+from agl_stream.streams import Batch, Converter
 
 # What the projector's and the replay's streams hand over as rows, not as event models.
-CONVERTERS = {"SpanRecorded": span_row_from_datum}
+CONVERTERS = {"SpanRecorded": Converter(span_row_from_datum, span_row_from_record)}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-Json = Any  # a value PostgreSQL stores as jsonb
+# A value PostgreSQL stores as jsonb (bytes: binary jsonb already, see store._jsonb).
+Json = Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,12 +40,18 @@ _TABLES: dict[type[Row], str] = {
 }
 
 
+def _jsonb(value: object) -> bytes:
+    """A value as binary jsonb; bytes are binary jsonb already (the compiled span reader
+    writes the JSON columns so, and JSON itself has no bytes values)."""
+    return value if type(value) is bytes else b"\x01" + orjson.dumps(value)
+
+
 async def init_connection(conn: asyncpg.Connection) -> None:
     """jsonb through orjson in binary format (version byte 1, then the JSON text)."""
     await conn.set_type_codec(
         "jsonb",
         schema="pg_catalog",
-        encoder=lambda value: b"\x01" + orjson.dumps(value),
+        encoder=_jsonb,
         decoder=lambda data: orjson.loads(data[1:]),
         format="binary",
     )

@@ -1,0 +1,167 @@
+"""The compiled span reader (agl_stream/projection/_spanfast.c) gives the projector the rows
+the general path gives, JSON columns included, or steps aside for the general path: on random
+spans, and on records damaged at random (a row it makes from a damaged record must be the row
+the general path makes from it; it never takes a record the general path refuses)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agl_stream.codec import HEADER_LENGTH, MARKER, Codec, DecodeError
+from agl_stream.events import SpanRecorded
+from agl_stream.projection import span_record
+from agl_stream.projection.rows import SpanRow
+from agl_stream.projection.span_record import span_row_from_datum, span_row_from_record
+from agl_stream.schema_registry import default_registry
+from tests.unit.golden import GOLDEN_EVENTS
+from tests.unit.strategies import EVENT_STRATEGIES
+
+codec = Codec()
+built = span_record._spanfast is not None
+needs_reader = pytest.mark.skipif(not built, reason="the compiled span reader is not built")
+JSON_COLUMNS = (16, 17, 18, 19)  # attributes, events, links, resource
+
+
+def general(data: bytes) -> SpanRow | None:
+    """The general path's row (fastavro, then span_row_from_datum); None: it refuses."""
+    try:
+        return span_row_from_datum(codec.decode_datum(data, plain=True)[1])
+    except (DecodeError, ValueError):
+        return None
+
+
+def comparable(row: SpanRow) -> list[Any]:
+    """The row with its JSON columns as the JSON PostgreSQL is given."""
+    values: list[Any] = list(row)
+    for i in JSON_COLUMNS:
+        value = values[i]
+        if type(value) is bytes:
+            assert value[:1] == b"\x01", "binary jsonb starts with its version byte"
+            values[i] = orjson.loads(value[1:])
+        else:
+            values[i] = orjson.loads(orjson.dumps(value))
+    return values
+
+
+def unfit_for_json(value: Any) -> bool:
+    """What the reader leaves to the general path: a double JSON cannot hold, a NUL in text."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(unfit_for_json(k) or unfit_for_json(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(unfit_for_json(v) for v in value)
+    return False
+
+
+def test_the_reader_is_built_where_a_c_compiler_is() -> None:
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the projector reads spans through fastavro")
+    assert built, "agl_stream/projection/_spanfast.c was not built: run `make install` again"
+
+
+@needs_reader
+@settings(max_examples=300, deadline=None)
+@given(EVENT_STRATEGIES["SpanRecorded"])
+def test_rows_equal_the_general_paths(event: SpanRecorded) -> None:
+    data = codec.encode(event)
+    slow = general(data)
+    assert slow is not None
+    fast = span_row_from_record(data)
+    if fast is None:
+        assert any(unfit_for_json(slow[i]) for i in JSON_COLUMNS)
+    else:
+        assert type(fast) is SpanRow
+        assert comparable(fast) == comparable(slow)
+
+
+@needs_reader
+def test_the_reader_reads_the_current_span_schema() -> None:
+    """Fails when schemas/SpanRecorded.avsc changes and _spanfast.c does not follow it."""
+    golden = GOLDEN_EVENTS["SpanRecorded"]
+    assert golden.attributes and golden.events and golden.links, "the golden span has them all"
+    data = codec.encode(golden)
+    fast = span_row_from_record(data)
+    slow = general(data)
+    assert fast is not None and slow is not None
+    assert comparable(fast) == comparable(slow)
+
+
+@needs_reader
+def test_records_of_another_schema_are_left_to_the_general_path() -> None:
+    data = codec.encode(GOLDEN_EVENTS["SpanRecorded"])
+    other = default_registry().current["RolloutQueued"].fingerprint
+    assert span_row_from_record(MARKER + other + data[HEADER_LENGTH:]) is None
+
+
+Damage = tuple[str, int, int]
+
+
+@needs_reader
+@settings(max_examples=1500, deadline=None)
+@given(
+    EVENT_STRATEGIES["SpanRecorded"],
+    st.lists(
+        st.tuples(
+            st.sampled_from(["set", "insert", "delete", "truncate"]),
+            st.integers(min_value=0, max_value=10_000),
+            st.integers(min_value=0, max_value=255),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_a_damaged_record_reads_as_the_general_path_reads_it(
+    event: SpanRecorded, damage: list[Damage]
+) -> None:
+    record = bytearray(codec.encode(event))
+    for how, at, byte in damage:
+        body = len(record) - HEADER_LENGTH
+        where = HEADER_LENGTH + (at % body if body else 0)
+        if how == "set" and body:
+            record[where] = byte
+        elif how == "insert":
+            record.insert(where, byte)
+        elif how == "delete" and body:
+            del record[where]
+        elif how == "truncate":
+            del record[where:]
+    data = bytes(record)
+    fast = span_row_from_record(data)
+    if fast is not None:
+        slow = general(data)
+        assert slow is not None, "the reader took a record the general path refuses"
+        assert comparable(fast) == comparable(slow)
+
+
+@needs_reader
+@pytest.mark.parametrize(
+    ("text", "taken"),
+    [
+        ("plain", True),
+        ('quote " and backslash \\', True),
+        ("tab\tnewline\ncontrol\x01", True),
+        ("ünïcödé ✓ 😀", True),
+        ("nul \x00 inside", False),  # PostgreSQL's jsonb takes no \u0000
+    ],
+)
+def test_attribute_text_is_escaped_as_json(text: str, taken: bool) -> None:
+    event = GOLDEN_EVENTS["SpanRecorded"].model_copy(
+        update={"attributes": {text: text, "list": [text, 1.5, -(2**63), True, None]}}
+    )
+    data = codec.encode(event)
+    fast = span_row_from_record(data)
+    slow = general(data)
+    assert slow is not None
+    assert (fast is not None) == taken
+    if fast is not None:
+        assert comparable(fast) == comparable(slow)
