@@ -10,14 +10,17 @@
  * itself and never accepts one the general path would not: tests hold the two equal on random
  * and on mutated records.
  *
- * decode(data: bytes, offset: int) -> tuple | None: the body starts at `offset`. The tuple:
- * (event_id, occurred_at, rollout_id, attempt_id, sequence, trace_id, span_id, parent_span_id,
- *  name, kind, start_time_unix_nano, end_time_unix_nano, status_code, status_description,
- *  attributes_jsonb, events_jsonb, links_jsonb, resource_jsonb, scope_name,
- *  smallest event time (0 with no events), ((link trace_id, link span_id), ...)).
+ * It also makes the checks the event model makes beyond the Avro types (non-empty ids, times
+ * and sequence >= 0, lowercase hex trace and span ids, a canonical UUID event id, times within
+ * the calendar) and steps aside where one fails or a value is spelled another way the general
+ * path accepts (an event id in capitals, say).
+ *
+ * decode(data: bytes, offset: int) -> tuple | None: the body starts at `offset`; the tuple holds
+ * the spans row's values in the order of its columns (rows.SpanRow).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <datetime.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -273,27 +276,27 @@ static int json_attributes(Reader *r, Out *o) {
     return out_ch(o, '}');
 }
 
+static int read_hex(Reader *r, Py_ssize_t digits, PyObject **text);
+
 /* ---- the record --------------------------------------------------------------------------- */
 
 static PyObject *jsonb(Out *o) {
     return PyBytes_FromStringAndSize(o->buf, o->len);
 }
 
-/* The events array as JSON, and the smallest event time. */
-static int json_events(Reader *r, Out *o, int64_t *smallest) {
+/* The events array as JSON; FAIL where an event's time is negative. */
+static int json_events(Reader *r, Out *o) {
     int64_t count, time;
     int first = 1;
-    *smallest = 0;
     if (out_put(o, "\x01[", 2)) return FAIL;
     for (;;) {
         if (read_count(r, &count)) return FAIL;
         if (count == 0) break;
         for (int64_t i = 0; i < count; i++) {
             if (!first && out_ch(o, ',')) return FAIL;
-            if (out_put(o, "{\"name\":", 8) || json_string(r, o)) return FAIL;
-            if (read_long(r, &time)) return FAIL;
-            if (first || time < *smallest) *smallest = time;
             first = 0;
+            if (out_put(o, "{\"name\":", 8) || json_string(r, o)) return FAIL;
+            if (read_long(r, &time) || time < 0) return FAIL;
             char text[48];
             int n = snprintf(text, sizeof text, ",\"time_unix_nano\":%lld", (long long)time);
             if (out_put(o, text, n)) return FAIL;
@@ -304,8 +307,8 @@ static int json_events(Reader *r, Out *o, int64_t *smallest) {
     return out_ch(o, ']');
 }
 
-/* The links array as JSON; their (trace_id, span_id) pairs appended to `ids`. */
-static int json_links(Reader *r, Out *o, PyObject *ids) {
+/* The links array as JSON; FAIL where a link's ids are not lowercase hex. */
+static int json_links(Reader *r, Out *o) {
     int64_t count;
     int first = 1;
     if (out_put(o, "\x01[", 2)) return FAIL;
@@ -315,16 +318,8 @@ static int json_links(Reader *r, Out *o, PyObject *ids) {
         for (int64_t i = 0; i < count; i++) {
             if (!first && out_ch(o, ',')) return FAIL;
             first = 0;
-            Reader at = *r;
-            PyObject *trace = read_str(&at);
-            PyObject *span = trace ? read_str(&at) : NULL;
-            PyObject *pair = span ? PyTuple_Pack(2, trace, span) : NULL;
-            Py_XDECREF(trace);
-            Py_XDECREF(span);
-            if (pair == NULL) return FAIL;
-            int appended = PyList_Append(ids, pair);
-            Py_DECREF(pair);
-            if (appended) return FAIL;
+            Reader ids = *r;
+            if (read_hex(&ids, 32, NULL) || read_hex(&ids, 16, NULL)) return FAIL;
             if (out_put(o, "{\"trace_id\":", 12) || json_string(r, o)) return FAIL;
             if (out_put(o, ",\"span_id\":", 11) || json_string(r, o)) return FAIL;
             if (out_put(o, ",\"attributes\":", 14) || json_attributes(r, o) || out_ch(o, '}'))
@@ -332,6 +327,77 @@ static int json_links(Reader *r, Out *o, PyObject *ids) {
         }
     }
     return out_ch(o, ']');
+}
+
+/* ---- the checks ---------------------------------------------------------------------------- */
+
+static int is_hex(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* A string of exactly `digits` lowercase hex digits; as a str in *text unless text is NULL. */
+static int read_hex(Reader *r, Py_ssize_t digits, PyObject **text) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    if (read_bytes(r, &s, &n) || n != digits) return FAIL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!is_hex(s[i])) return FAIL;
+    }
+    if (text != NULL && (*text = PyUnicode_FromStringAndSize((const char *)s, n)) == NULL)
+        return FAIL;
+    return 0;
+}
+
+/* A UUID in its canonical text (what PostgreSQL reads as it is); other spellings step aside. */
+static PyObject *read_canonical_uuid(Reader *r) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    if (read_bytes(r, &s, &n) || n != 36) return NULL;
+    for (int i = 0; i < 36; i++) {
+        int dash = i == 8 || i == 13 || i == 18 || i == 23;
+        if (dash ? s[i] != '-' : !is_hex(s[i])) return NULL;
+    }
+    return PyUnicode_FromStringAndSize((const char *)s, n);
+}
+
+/* A non-empty string. */
+static PyObject *read_nonempty_str(Reader *r) {
+    Reader at = *r;
+    int64_t n;
+    if (read_long(&at, &n) || n <= 0) return NULL;
+    return read_str(r);
+}
+
+static int64_t floor_div(int64_t a, int64_t b, int64_t *rest) {
+    int64_t q = a / b, m = a % b;
+    if (m < 0) {
+        m += b;
+        q -= 1;
+    }
+    *rest = m;
+    return q;
+}
+
+/* Microseconds since the epoch as an aware UTC datetime; NULL (no exception) outside years
+ * 1-9999, where the general path's datetime arithmetic overflows. */
+static PyObject *utc_datetime(int64_t micros) {
+    int64_t us, seconds, days = floor_div(floor_div(micros, 1000000, &us), 86400, &seconds);
+    /* civil_from_days (H. Hinnant): the proleptic Gregorian date of a day number. */
+    int64_t z = days + 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    int64_t day = doy - (153 * mp + 2) / 5 + 1;
+    int64_t month = mp < 10 ? mp + 3 : mp - 9;
+    int64_t year = yoe + era * 400 + (month <= 2);
+    if (year < 1 || year > 9999) return NULL;
+    PyObject *at = PyDateTimeAPI->DateTime_FromDateAndTime(
+        (int)year, (int)month, (int)day, (int)(seconds / 3600), (int)(seconds / 60 % 60),
+        (int)(seconds % 60), (int)us, PyDateTime_TimeZone_UTC, PyDateTimeAPI->DateTimeType);
+    if (at == NULL) PyErr_Clear();
+    return at;
 }
 
 #define FIELDS 21
@@ -352,56 +418,56 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Reader r = {data + offset, data + size};
     PyObject *v[FIELDS] = {NULL};
     Out o = {NULL, 0, 0};
-    int64_t n, index, smallest = 0;
-    PyObject *link_ids = PyList_New(0);
-    if (link_ids == NULL) return NULL;
+    int64_t n, index, occurred_at, start, end;
 
-#define STR(i)                                                                                  \
-    if ((v[i] = read_str(&r)) == NULL) goto refuse
-#define OPTIONAL_STR(i)                                                                         \
-    if ((v[i] = read_optional_str(&r)) == NULL) goto refuse
-#define LONG(i)                                                                                 \
-    if (read_long(&r, &n) || (v[i] = PyLong_FromLongLong(n)) == NULL) goto refuse
+#define TAKE(i, value)                                                                          \
+    if ((v[i] = (value)) == NULL) goto refuse
 #define JSON(i, write)                                                                          \
     o.len = 0;                                                                                  \
     if ((write) || (v[i] = jsonb(&o)) == NULL) goto refuse
 
-    STR(0);           /* event_id */
-    LONG(1);          /* occurred_at */
-    STR(2);           /* rollout_id */
-    STR(3);           /* attempt_id */
-    LONG(4);          /* sequence */
-    STR(5);           /* trace_id */
-    STR(6);           /* span_id */
-    OPTIONAL_STR(7);  /* parent_span_id */
-    STR(8);           /* name */
+    /* In the order of the schema's fields; v[] is in the order of the row's columns. */
+    TAKE(3, read_canonical_uuid(&r));                      /* event_id */
+    if (read_long(&r, &occurred_at)) goto refuse;
+    TAKE(4, utc_datetime(occurred_at));                    /* recorded_at */
+    TAKE(0, read_nonempty_str(&r));                        /* rollout_id */
+    TAKE(1, read_nonempty_str(&r));                        /* attempt_id */
+    if (read_long(&r, &n) || n < 0) goto refuse;
+    TAKE(2, PyLong_FromLongLong(n));                       /* sequence */
+    if (read_hex(&r, 32, &v[5]) || read_hex(&r, 16, &v[6])) goto refuse; /* trace, span ids */
+    if (read_long(&r, &index) || index < 0 || index > 1) goto refuse;
+    if (index == 0) {
+        v[7] = Py_NewRef(Py_None);                         /* parent_span_id */
+    } else if (read_hex(&r, 16, &v[7])) {
+        goto refuse;
+    }
+    TAKE(8, read_str(&r));                                 /* name */
     if (read_enum(&r, 5, &index)) goto refuse;
-    v[9] = Py_NewRef(KIND[index]);
-    LONG(10);         /* start_time_unix_nano */
-    LONG(11);         /* end_time_unix_nano */
+    v[9] = Py_NewRef(KIND[index]);                         /* kind */
+    if (read_long(&r, &start) || read_long(&r, &end) || start < 0 || end < 0) goto refuse;
+    TAKE(10, utc_datetime(start / 1000));                  /* start_time */
+    TAKE(11, utc_datetime(end / 1000));                    /* end_time */
+    TAKE(12, PyLong_FromLongLong(start));
+    TAKE(13, PyLong_FromLongLong(end));
     if (read_enum(&r, 3, &index)) goto refuse;
-    v[12] = Py_NewRef(STATUS[index]);
-    OPTIONAL_STR(13); /* status.description */
-    JSON(14, out_ch(&o, 1) || json_attributes(&r, &o));
-    JSON(15, json_events(&r, &o, &smallest));
-    JSON(16, json_links(&r, &o, link_ids));
-    JSON(17, out_ch(&o, 1) || json_attributes(&r, &o));
-    OPTIONAL_STR(18); /* scope_name */
-    if (r.p != r.end) goto refuse; /* trailing bytes */
-    if ((v[19] = PyLong_FromLongLong(smallest)) == NULL) goto refuse;
-    if ((v[20] = PyList_AsTuple(link_ids)) == NULL) goto refuse;
+    v[14] = Py_NewRef(STATUS[index]);                      /* status_code */
+    TAKE(15, read_optional_str(&r));                       /* status_description */
+    JSON(16, out_ch(&o, 1) || json_attributes(&r, &o));
+    JSON(17, json_events(&r, &o));
+    JSON(18, json_links(&r, &o));
+    JSON(19, out_ch(&o, 1) || json_attributes(&r, &o));  /* resource */
+    TAKE(20, read_optional_str(&r));                       /* scope_name */
+    if (r.p != r.end) goto refuse;                         /* trailing bytes */
 
     PyObject *result = PyTuple_New(FIELDS);
     if (result != NULL) {
         for (int i = 0; i < FIELDS; i++) PyTuple_SET_ITEM(result, i, v[i]);
     }
-    Py_DECREF(link_ids);
     PyMem_Free(o.buf);
     return result; /* NULL only on MemoryError */
 
 refuse:
     for (int i = 0; i < FIELDS; i++) Py_XDECREF(v[i]);
-    Py_DECREF(link_ids);
     PyMem_Free(o.buf);
     if (PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
@@ -421,6 +487,8 @@ static struct PyModuleDef MODULE = {
 };
 
 PyMODINIT_FUNC PyInit__spanfast(void) {
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL) return NULL;
     for (int i = 0; i < 5; i++) {
         if ((KIND[i] = PyUnicode_InternFromString(KIND_NAMES[i])) == NULL) return NULL;
     }

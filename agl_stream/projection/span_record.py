@@ -9,7 +9,8 @@ equal to `fold.span_row(SpanRecorded)` on random spans.
 
 `span_row_from_record` is the fast path before it: a compiled reader of the current span
 schema (_spanfast.c) that makes the row from the record's bytes, JSON columns included, and
-steps aside (None) for anything the general path must judge; tests hold the two equal.
+checks what the model checks, and steps aside (None) for anything the general path must
+judge; tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -41,23 +42,45 @@ _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 
 def span_row_from_datum(datum: Mapping[str, Any]) -> SpanRow:
     """The spans row of one plain SpanRecorded datum; ValueError names what is wrong."""
+    rollout_id, attempt_id = datum["rollout_id"], datum["attempt_id"]
+    if not rollout_id or not attempt_id:
+        raise ValueError("rollout_id and attempt_id must not be empty")
+    sequence, start, end = (
+        datum["sequence"],
+        datum["start_time_unix_nano"],
+        datum["end_time_unix_nano"],
+    )
+    if sequence < 0 or start < 0 or end < 0:
+        raise ValueError("sequence, start_time_unix_nano and end_time_unix_nano must be >= 0")
+    trace_id, span_id, parent = datum["trace_id"], datum["span_id"], datum["parent_span_id"]
+    _check_ids(trace_id, span_id)
+    if parent is not None and not _SPAN_ID.fullmatch(parent):
+        raise ValueError("parent_span_id must be 16 lowercase hex digits")
     status = datum["status"]
     events: Sequence[Mapping[str, Any]] = datum["events"]
     links: Sequence[Mapping[str, Any]] = datum["links"]
-    return _checked_row(
+    for event in events:
+        if event["time_unix_nano"] < 0:
+            raise ValueError("a span event's time_unix_nano must be >= 0")
+    for link in links:
+        _check_ids(link["trace_id"], link["span_id"])
+    return tuple.__new__(
+        SpanRow,
         (
-            datum["event_id"],
-            datum["occurred_at"],
-            datum["rollout_id"],
-            datum["attempt_id"],
-            datum["sequence"],
-            datum["trace_id"],
-            datum["span_id"],
-            datum["parent_span_id"],
+            rollout_id,
+            attempt_id,
+            sequence,
+            _event_id(datum["event_id"]),
+            _micros(datum["occurred_at"]),
+            trace_id,
+            span_id,
+            parent,
             datum["name"],
             datum["kind"],
-            datum["start_time_unix_nano"],
-            datum["end_time_unix_nano"],
+            _micros(start // 1000),
+            _micros(end // 1000),
+            start,
+            end,
             status["code"],
             status["description"],
             datum["attributes"],
@@ -65,73 +88,19 @@ def span_row_from_datum(datum: Mapping[str, Any]) -> SpanRow:
             links,
             datum["resource"],
             datum["scope_name"],
-            min((event["time_unix_nano"] for event in events), default=0),
-            [(link["trace_id"], link["span_id"]) for link in links],
-        )
+        ),
     )
 
 
 def span_row_from_record(data: bytes) -> SpanRow | None:
     """The spans row of a SpanRecorded record (single-object encoded) read by the compiled
     reader, its JSON columns already PostgreSQL's binary jsonb; None where that reader is not
-    built, the record was written with another schema, or anything in it is for the general
-    path to judge (span_row_from_datum words every refusal)."""
+    built, the record was written with another schema, or anything in it is for
+    span_row_from_datum to judge (it words every refusal)."""
     if _spanfast is None or data[len(MARKER) : HEADER_LENGTH] != _FINGERPRINT:
         return None
-    fields = _spanfast.decode(data, HEADER_LENGTH)
-    if fields is None:
-        return None
-    try:
-        return _checked_row(fields)
-    except ValueError:
-        return None
-
-
-def _checked_row(fields: Sequence[Any]) -> SpanRow:
-    """The row of a span's values in schema order, then the smallest event time and the
-    links' (trace_id, span_id); checks what the event model checks beyond the Avro types."""
-    (
-        event_id, occurred_at, rollout_id, attempt_id, sequence, trace_id, span_id, parent,
-        name, kind, start, end, status_code, status_description, attributes, events, links,
-        resource, scope_name, smallest_event_time, link_ids,
-    ) = fields  # fmt: skip
-    if not rollout_id or not attempt_id:
-        raise ValueError("rollout_id and attempt_id must not be empty")
-    if sequence < 0 or start < 0 or end < 0:
-        raise ValueError("sequence, start_time_unix_nano and end_time_unix_nano must be >= 0")
-    _check_ids(trace_id, span_id)
-    if parent is not None and not _SPAN_ID.fullmatch(parent):
-        raise ValueError("parent_span_id must be 16 lowercase hex digits")
-    if smallest_event_time < 0:
-        raise ValueError("a span event's time_unix_nano must be >= 0")
-    for link_trace_id, link_span_id in link_ids:
-        _check_ids(link_trace_id, link_span_id)
-    return tuple.__new__(
-        SpanRow,
-        (
-            rollout_id,
-            attempt_id,
-            sequence,
-            _event_id(event_id),
-            _micros(occurred_at),
-            trace_id,
-            span_id,
-            parent,
-            name,
-            kind,
-            _micros(start // 1000),
-            _micros(end // 1000),
-            start,
-            end,
-            status_code,
-            status_description,
-            attributes,
-            events,
-            links,
-            resource,
-            scope_name,
-        ),
-    )
+    values = _spanfast.decode(data, HEADER_LENGTH)
+    return None if values is None else tuple.__new__(SpanRow, values)
 
 
 def _check_ids(trace_id: str, span_id: str) -> None:

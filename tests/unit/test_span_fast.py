@@ -5,10 +5,12 @@ the general path makes from it; it never takes a record the general path refuses
 
 from __future__ import annotations
 
+import io
 import math
 import shutil
 from typing import Any
 
+import fastavro
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -22,6 +24,7 @@ from agl_stream.projection.span_record import span_row_from_datum, span_row_from
 from agl_stream.schema_registry import default_registry
 from tests.unit.golden import GOLDEN_EVENTS
 from tests.unit.strategies import EVENT_STRATEGIES
+from tests.unit.test_span_record import raw_span
 
 codec = Codec()
 built = span_record._spanfast is not None
@@ -165,3 +168,69 @@ def test_attribute_text_is_escaped_as_json(text: str, taken: bool) -> None:
     assert (fast is not None) == taken
     if fast is not None:
         assert comparable(fast) == comparable(slow)
+
+
+@needs_reader
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"rollout_id": ""},
+        {"attempt_id": ""},
+        {"sequence": -1},
+        {"start_time_unix_nano": -5},
+        {"end_time_unix_nano": -5},
+        {"trace_id": "ABCDEF" * 6},
+        {"trace_id": "0" * 31},
+        {"span_id": "123"},
+        {"parent_span_id": "zz" * 8},
+        {"events": [{"name": "e", "time_unix_nano": -1, "attributes": {}}]},
+        {"links": [{"trace_id": "0" * 32, "span_id": "x", "attributes": {}}]},
+        {"links": [{"trace_id": "0" * 30, "span_id": "0" * 16, "attributes": {}}]},
+        {"event_id": "not a uuid"},
+        {"event_id": "12345678-1234-5678-1234-56781234567G"},
+        {"occurred_at": 2**62},
+    ],
+    ids=lambda changes: ",".join(changes),
+)
+def test_what_the_model_refuses_is_left_to_the_general_path(changes: dict[str, Any]) -> None:
+    data = raw_span(**changes)
+    assert general(data) is None
+    assert span_row_from_record(data) is None
+
+
+@needs_reader
+def test_other_event_id_spellings_are_left_to_the_general_path() -> None:
+    schema = default_registry().current["SpanRecorded"]
+    datum = codec.decode_datum(codec.encode(GOLDEN_EVENTS["SpanRecorded"]), plain=True)[1]
+    canonical = "abcdef01-2345-6789-abcd-ef0123456789"
+    for spelling in (canonical.upper(), canonical.replace("-", ""), "{" + canonical + "}"):
+        body = io.BytesIO()  # the plain schema writes the text as it is
+        fastavro.schemaless_writer(body, schema.plain, datum | {"event_id": spelling})
+        data = MARKER + schema.fingerprint + body.getvalue()
+        assert span_row_from_record(data) is None
+        row = general(data)
+        assert row is not None and row.event_id == canonical
+
+
+@needs_reader
+@pytest.mark.parametrize(
+    "micros",
+    [
+        -62_135_596_800_000_000,  # 0001-01-01T00:00:00
+        -62_135_596_800_000_001,  # a microsecond before: out of range
+        -1,
+        0,
+        1_795_240_800_123_456,
+        253_402_300_799_999_999,  # 9999-12-31T23:59:59.999999
+        253_402_300_800_000_000,  # out of range
+        -(2**63),
+        2**63 - 1,
+    ],
+)
+def test_times_read_as_the_general_path_reads_them(micros: int) -> None:
+    data = raw_span(occurred_at=micros)
+    fast, slow = span_row_from_record(data), general(data)
+    assert (fast is None) == (slow is None)
+    if fast is not None and slow is not None:
+        assert fast.recorded_at == slow.recorded_at
+        assert fast.recorded_at.utcoffset() == slow.recorded_at.utcoffset()
