@@ -1,26 +1,23 @@
 /* A SpanRecorded Avro body (the current schema, schemas/SpanRecorded.avsc) read straight into
- * the values of its spans row, with the four JSON columns written as PostgreSQL's binary jsonb
- * (version byte 1, then the JSON text) without Python dicts in between.
+ * its spans row as one tuple of PostgreSQL's binary COPY format, the four JSON columns as binary
+ * jsonb (version byte 1, then the JSON text), with no Python object in between.
  *
- * The projector's hottest path: fastavro's generic reader and then orjson cost most of the
- * projector's CPU per span. This reads the one schema it was written for; anything it does
- * not take as it is (a malformed body, text that is not strict UTF-8, a NUL in JSON text, a
- * double that is not finite, trailing bytes) makes it answer None, and the caller reads the
- * record the general way, which decides and words any refusal. So it never refuses a record
- * itself and never accepts one the general path would not: tests hold the two equal on random
- * and on mutated records.
+ * The projector's hottest path: fastavro's generic reader, the row's Python values and then
+ * asyncpg's encoding of them cost most of the projector's CPU per span. This reads the one
+ * schema it was written for and makes the checks the event model makes beyond the Avro types
+ * (non-empty ids, times and sequence >= 0, lowercase hex trace and span ids, a canonical UUID
+ * event id, times within years 1-9999). Anything it does not take as it is (a malformed body,
+ * text that is not strict UTF-8 or holds a NUL, a double that is not finite, a failed check,
+ * a value spelled another way the general path accepts, trailing bytes) makes it answer None,
+ * and the caller reads the record the general way, which decides and words any refusal. So it
+ * never refuses a record itself and never takes one the general path would not: tests hold
+ * the two equal on random and on mutated records.
  *
- * It also makes the checks the event model makes beyond the Avro types (non-empty ids, times
- * and sequence >= 0, lowercase hex trace and span ids, a canonical UUID event id, times within
- * the calendar) and steps aside where one fails or a value is spelled another way the general
- * path accepts (an event id in capitals, say).
- *
- * decode(data: bytes, offset: int) -> tuple | None: the body starts at `offset`; the tuple holds
- * the spans row's values in the order of its columns (rows.SpanRow).
+ * decode(data: bytes, offset: int) -> bytes | None: the body starts at `offset`; the columns
+ * come in copy_binary.COLUMNS' order (the schema's, with the row's derived times in place).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <datetime.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -38,8 +35,6 @@ typedef struct {
 
 #define FAIL (-1)
 
-static PyObject *KIND[5];
-static PyObject *STATUS[3];
 static const char *KIND_NAMES[5] = {"INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"};
 static const char *STATUS_NAMES[3] = {"UNSET", "OK", "ERROR"};
 
@@ -95,25 +90,6 @@ static int read_bytes(Reader *r, const unsigned char **start, Py_ssize_t *size) 
     *size = (Py_ssize_t)n;
     r->p += n;
     return 0;
-}
-
-/* A Python str, or NULL (no exception set) where the bytes are not strict UTF-8. */
-static PyObject *read_str(Reader *r) {
-    const unsigned char *s;
-    Py_ssize_t n;
-    if (read_bytes(r, &s, &n)) return NULL;
-    PyObject *text = PyUnicode_DecodeUTF8((const char *)s, n, "strict");
-    if (text == NULL) PyErr_Clear();
-    return text;
-}
-
-/* null or a string (the union ["null", "string"]): Py_None (new reference) or a str. */
-static PyObject *read_optional_str(Reader *r) {
-    int64_t index;
-    if (read_long(r, &index)) return NULL;
-    if (index == 0) Py_RETURN_NONE;
-    if (index == 1) return read_str(r);
-    return NULL;
 }
 
 static int read_enum(Reader *r, int64_t symbols, int64_t *index) {
@@ -276,19 +252,27 @@ static int json_attributes(Reader *r, Out *o) {
     return out_ch(o, '}');
 }
 
-static int read_hex(Reader *r, Py_ssize_t digits, PyObject **text);
+/* ---- the record's JSON arrays ----------------------------------------------------------- */
 
-/* ---- the record --------------------------------------------------------------------------- */
+static int is_hex(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
 
-static PyObject *jsonb(Out *o) {
-    return PyBytes_FromStringAndSize(o->buf, o->len);
+/* A string of exactly `digits` lowercase hex digits: its bytes. */
+static int read_hex(Reader *r, Py_ssize_t digits, const unsigned char **start) {
+    Py_ssize_t n;
+    if (read_bytes(r, start, &n) || n != digits) return FAIL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!is_hex((*start)[i])) return FAIL;
+    }
+    return 0;
 }
 
 /* The events array as JSON; FAIL where an event's time is negative. */
 static int json_events(Reader *r, Out *o) {
     int64_t count, time;
     int first = 1;
-    if (out_put(o, "\x01[", 2)) return FAIL;
+    if (out_ch(o, '[')) return FAIL;
     for (;;) {
         if (read_count(r, &count)) return FAIL;
         if (count == 0) break;
@@ -311,7 +295,8 @@ static int json_events(Reader *r, Out *o) {
 static int json_links(Reader *r, Out *o) {
     int64_t count;
     int first = 1;
-    if (out_put(o, "\x01[", 2)) return FAIL;
+    const unsigned char *unused;
+    if (out_ch(o, '[')) return FAIL;
     for (;;) {
         if (read_count(r, &count)) return FAIL;
         if (count == 0) break;
@@ -319,7 +304,7 @@ static int json_links(Reader *r, Out *o) {
             if (!first && out_ch(o, ',')) return FAIL;
             first = 0;
             Reader ids = *r;
-            if (read_hex(&ids, 32, NULL) || read_hex(&ids, 16, NULL)) return FAIL;
+            if (read_hex(&ids, 32, &unused) || read_hex(&ids, 16, &unused)) return FAIL;
             if (out_put(o, "{\"trace_id\":", 12) || json_string(r, o)) return FAIL;
             if (out_put(o, ",\"span_id\":", 11) || json_string(r, o)) return FAIL;
             if (out_put(o, ",\"attributes\":", 14) || json_attributes(r, o) || out_ch(o, '}'))
@@ -329,78 +314,133 @@ static int json_links(Reader *r, Out *o) {
     return out_ch(o, ']');
 }
 
-/* ---- the checks ---------------------------------------------------------------------------- */
+/* ---- binary COPY fields ------------------------------------------------------------------- */
 
-static int is_hex(unsigned char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-}
-
-/* A string of exactly `digits` lowercase hex digits; as a str in *text unless text is NULL. */
-static int read_hex(Reader *r, Py_ssize_t digits, PyObject **text) {
-    const unsigned char *s;
-    Py_ssize_t n;
-    if (read_bytes(r, &s, &n) || n != digits) return FAIL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!is_hex(s[i])) return FAIL;
-    }
-    if (text != NULL && (*text = PyUnicode_FromStringAndSize((const char *)s, n)) == NULL)
-        return FAIL;
+static int put_be(Out *o, uint64_t value, int bytes) {
+    if (out_reserve(o, bytes)) return FAIL;
+    for (int i = bytes - 1; i >= 0; i--) o->buf[o->len++] = (char)((value >> (8 * i)) & 0xff);
     return 0;
 }
 
-/* A UUID in its canonical text (what PostgreSQL reads as it is); other spellings step aside. */
-static PyObject *read_canonical_uuid(Reader *r) {
+static int put_null(Out *o) {
+    return put_be(o, 0xffffffffu, 4);
+}
+
+static int put_field(Out *o, const void *data, Py_ssize_t n) {
+    if (n > INT32_MAX || put_be(o, (uint64_t)n, 4)) return FAIL;
+    return out_put(o, (const char *)data, n);
+}
+
+static int put_int8(Out *o, int64_t value) {
+    return put_be(o, 8, 4) || put_be(o, (uint64_t)value, 8);
+}
+
+/* Strict UTF-8 without NUL (PostgreSQL's text holds none). */
+static int text_ok(const unsigned char *s, Py_ssize_t n) {
+    const unsigned char *end = s + n;
+    while (s < end) {
+        if (*s == 0) return 0;
+        int k = utf8_sequence(s, end);
+        if (k == 0) return 0;
+        s += k;
+    }
+    return 1;
+}
+
+/* A string column; `nonempty` refuses "". */
+static int text_field(Reader *r, Out *o, int nonempty) {
     const unsigned char *s;
     Py_ssize_t n;
-    if (read_bytes(r, &s, &n) || n != 36) return NULL;
-    for (int i = 0; i < 36; i++) {
-        int dash = i == 8 || i == 13 || i == 18 || i == 23;
-        if (dash ? s[i] != '-' : !is_hex(s[i])) return NULL;
+    if (read_bytes(r, &s, &n) || (nonempty && n == 0) || !text_ok(s, n)) return FAIL;
+    return put_field(o, s, n);
+}
+
+/* A ["null", "string"] column. */
+static int optional_text_field(Reader *r, Out *o) {
+    int64_t index;
+    if (read_long(r, &index)) return FAIL;
+    if (index == 0) return put_null(o);
+    if (index == 1) return text_field(r, o, 0);
+    return FAIL;
+}
+
+static int hex_field(Reader *r, Out *o, Py_ssize_t digits) {
+    const unsigned char *s;
+    return read_hex(r, digits, &s) || put_field(o, s, digits);
+}
+
+static int hex_value(unsigned char c) {
+    return c <= '9' ? c - '0' : c - 'a' + 10;
+}
+
+/* A UUID in its canonical text as PostgreSQL's binary uuid; other spellings step aside. */
+static int uuid_field(Reader *r, Out *o) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    unsigned char bytes[16];
+    if (read_bytes(r, &s, &n) || n != 36) return FAIL;
+    for (int i = 0, k = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-') return FAIL;
+            continue;
+        }
+        if (!is_hex(s[i]) || !is_hex(s[i + 1])) return FAIL;
+        bytes[k++] = (unsigned char)(hex_value(s[i]) << 4 | hex_value(s[i + 1]));
+        i++;
     }
-    return PyUnicode_FromStringAndSize((const char *)s, n);
+    return put_field(o, bytes, 16);
 }
 
-/* A non-empty string. */
-static PyObject *read_nonempty_str(Reader *r) {
-    Reader at = *r;
-    int64_t n;
-    if (read_long(&at, &n) || n <= 0) return NULL;
-    return read_str(r);
+/* Microseconds since the Unix epoch as PostgreSQL's binary timestamptz (microseconds since
+ * 2000-01-01 UTC); FAIL outside years 1-9999, where the general path's datetimes end. */
+static int timestamp_field(Out *o, int64_t micros) {
+    if (micros < -62135596800000000LL || micros >= 253402300800000000LL) return FAIL;
+    return put_int8(o, micros - 946684800000000LL);
 }
 
-static int64_t floor_div(int64_t a, int64_t b, int64_t *rest) {
-    int64_t q = a / b, m = a % b;
-    if (m < 0) {
-        m += b;
-        q -= 1;
-    }
-    *rest = m;
-    return q;
+static int symbol_field(Out *o, const char *symbol) {
+    return put_field(o, symbol, (Py_ssize_t)strlen(symbol));
 }
 
-/* Microseconds since the epoch as an aware UTC datetime; NULL (no exception) outside years
- * 1-9999, where the general path's datetime arithmetic overflows. */
-static PyObject *utc_datetime(int64_t micros) {
-    int64_t us, seconds, days = floor_div(floor_div(micros, 1000000, &us), 86400, &seconds);
-    /* civil_from_days (H. Hinnant): the proleptic Gregorian date of a day number. */
-    int64_t z = days + 719468;
-    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    int64_t doe = z - era * 146097;
-    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    int64_t mp = (5 * doy + 2) / 153;
-    int64_t day = doy - (153 * mp + 2) / 5 + 1;
-    int64_t month = mp < 10 ? mp + 3 : mp - 9;
-    int64_t year = yoe + era * 400 + (month <= 2);
-    if (year < 1 || year > 9999) return NULL;
-    PyObject *at = PyDateTimeAPI->DateTime_FromDateAndTime(
-        (int)year, (int)month, (int)day, (int)(seconds / 3600), (int)(seconds / 60 % 60),
-        (int)(seconds % 60), (int)us, PyDateTime_TimeZone_UTC, PyDateTimeAPI->DateTimeType);
-    if (at == NULL) PyErr_Clear();
-    return at;
+/* A JSON column: its length is written once the JSON is. */
+typedef int (*JsonWriter)(Reader *, Out *);
+
+static int jsonb_field(Reader *r, Out *o, JsonWriter write) {
+    Py_ssize_t at = o->len;
+    if (put_be(o, 0, 4) || out_ch(o, 1) || write(r, o)) return FAIL;
+    Py_ssize_t n = o->len - at - 4;
+    if (n > INT32_MAX) return FAIL;
+    for (int i = 0; i < 4; i++) o->buf[at + i] = (char)((n >> (8 * (3 - i))) & 0xff);
+    return 0;
 }
+
+/* ---- the record --------------------------------------------------------------------------- */
 
 #define FIELDS 21
+
+static int row(Reader *r, Out *o) {
+    int64_t occurred_at, sequence, start, end, kind, code;
+    if (put_be(o, FIELDS, 2)) return FAIL;
+    if (uuid_field(r, o)) return FAIL;                                    /* event_id */
+    if (read_long(r, &occurred_at) || timestamp_field(o, occurred_at)) return FAIL; /* recorded_at */
+    if (text_field(r, o, 1) || text_field(r, o, 1)) return FAIL;        /* rollout_id, attempt_id */
+    if (read_long(r, &sequence) || sequence < 0 || put_int8(o, sequence)) return FAIL;
+    if (hex_field(r, o, 32) || hex_field(r, o, 16)) return FAIL;        /* trace_id, span_id */
+    int64_t index;
+    if (read_long(r, &index)) return FAIL;                                /* parent_span_id */
+    if (index == 0 ? put_null(o) : index == 1 ? hex_field(r, o, 16) : FAIL) return FAIL;
+    if (text_field(r, o, 0)) return FAIL;                                 /* name */
+    if (read_enum(r, 5, &kind) || symbol_field(o, KIND_NAMES[kind])) return FAIL;
+    if (read_long(r, &start) || read_long(r, &end) || start < 0 || end < 0) return FAIL;
+    if (timestamp_field(o, start / 1000) || timestamp_field(o, end / 1000)) return FAIL;
+    if (put_int8(o, start) || put_int8(o, end)) return FAIL;
+    if (read_enum(r, 3, &code) || symbol_field(o, STATUS_NAMES[code])) return FAIL;
+    if (optional_text_field(r, o)) return FAIL;                           /* status description */
+    if (jsonb_field(r, o, json_attributes) || jsonb_field(r, o, json_events)) return FAIL;
+    if (jsonb_field(r, o, json_links) || jsonb_field(r, o, json_attributes)) return FAIL;
+    if (optional_text_field(r, o)) return FAIL;                           /* scope_name */
+    return r->p == r->end ? 0 : FAIL;                                     /* no trailing bytes */
+}
 
 static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -416,69 +456,23 @@ static PyObject *decode(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Reader r = {data + offset, data + size};
-    PyObject *v[FIELDS] = {NULL};
     Out o = {NULL, 0, 0};
-    int64_t n, index, occurred_at, start, end;
-
-#define TAKE(i, value)                                                                          \
-    if ((v[i] = (value)) == NULL) goto refuse
-#define JSON(i, write)                                                                          \
-    o.len = 0;                                                                                  \
-    if ((write) || (v[i] = jsonb(&o)) == NULL) goto refuse
-
-    /* In the order of the schema's fields; v[] is in the order of the row's columns. */
-    TAKE(3, read_canonical_uuid(&r));                      /* event_id */
-    if (read_long(&r, &occurred_at)) goto refuse;
-    TAKE(4, utc_datetime(occurred_at));                    /* recorded_at */
-    TAKE(0, read_nonempty_str(&r));                        /* rollout_id */
-    TAKE(1, read_nonempty_str(&r));                        /* attempt_id */
-    if (read_long(&r, &n) || n < 0) goto refuse;
-    TAKE(2, PyLong_FromLongLong(n));                       /* sequence */
-    if (read_hex(&r, 32, &v[5]) || read_hex(&r, 16, &v[6])) goto refuse; /* trace, span ids */
-    if (read_long(&r, &index) || index < 0 || index > 1) goto refuse;
-    if (index == 0) {
-        v[7] = Py_NewRef(Py_None);                         /* parent_span_id */
-    } else if (read_hex(&r, 16, &v[7])) {
-        goto refuse;
-    }
-    TAKE(8, read_str(&r));                                 /* name */
-    if (read_enum(&r, 5, &index)) goto refuse;
-    v[9] = Py_NewRef(KIND[index]);                         /* kind */
-    if (read_long(&r, &start) || read_long(&r, &end) || start < 0 || end < 0) goto refuse;
-    TAKE(10, utc_datetime(start / 1000));                  /* start_time */
-    TAKE(11, utc_datetime(end / 1000));                    /* end_time */
-    TAKE(12, PyLong_FromLongLong(start));
-    TAKE(13, PyLong_FromLongLong(end));
-    if (read_enum(&r, 3, &index)) goto refuse;
-    v[14] = Py_NewRef(STATUS[index]);                      /* status_code */
-    TAKE(15, read_optional_str(&r));                       /* status_description */
-    JSON(16, out_ch(&o, 1) || json_attributes(&r, &o));
-    JSON(17, json_events(&r, &o));
-    JSON(18, json_links(&r, &o));
-    JSON(19, out_ch(&o, 1) || json_attributes(&r, &o));  /* resource */
-    TAKE(20, read_optional_str(&r));                       /* scope_name */
-    if (r.p != r.end) goto refuse;                         /* trailing bytes */
-
-    PyObject *result = PyTuple_New(FIELDS);
-    if (result != NULL) {
-        for (int i = 0; i < FIELDS; i++) PyTuple_SET_ITEM(result, i, v[i]);
+    PyObject *result;
+    if (out_reserve(&o, 2 * (size - offset) + 256)) {
+        result = PyErr_NoMemory();
+    } else if (row(&r, &o)) {
+        PyErr_Clear(); /* only a double's formatting can set one; step aside */
+        result = Py_NewRef(Py_None);
+    } else {
+        result = PyBytes_FromStringAndSize(o.buf, o.len);
     }
     PyMem_Free(o.buf);
-    return result; /* NULL only on MemoryError */
-
-refuse:
-    for (int i = 0; i < FIELDS; i++) Py_XDECREF(v[i]);
-    PyMem_Free(o.buf);
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
-        else return NULL;
-    }
-    Py_RETURN_NONE;
+    return result;
 }
 
 static PyMethodDef METHODS[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
-     "decode(data, offset) -> the spans row's values of a SpanRecorded body, or None"},
+     "decode(data, offset) -> a SpanRecorded body as a binary COPY tuple of its spans row, or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -487,13 +481,5 @@ static struct PyModuleDef MODULE = {
 };
 
 PyMODINIT_FUNC PyInit__spanfast(void) {
-    PyDateTime_IMPORT;
-    if (PyDateTimeAPI == NULL) return NULL;
-    for (int i = 0; i < 5; i++) {
-        if ((KIND[i] = PyUnicode_InternFromString(KIND_NAMES[i])) == NULL) return NULL;
-    }
-    for (int i = 0; i < 3; i++) {
-        if ((STATUS[i] = PyUnicode_InternFromString(STATUS_NAMES[i])) == NULL) return NULL;
-    }
     return PyModule_Create(&MODULE);
 }

@@ -3,7 +3,8 @@
 The stored next offset of every partition in the batch is locked; records below it were
 applied already (a restart, or another projector during a rebalance) and are skipped; rows
 and the new offsets commit together. Nothing here knows about consumer groups.
-Spans come as rows already (CONVERTERS: the stream builds them from the Avro data).
+Spans come as rows already (CONVERTERS: the stream builds them from the Avro data, most as
+binary COPY tuples).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import asyncpg
 from agl_stream.events import Event
 from agl_stream.projection.fold import keys, project
 from agl_stream.projection.rows import SpanRow
-from agl_stream.projection.span_record import span_row_from_datum, span_row_from_record
+from agl_stream.projection.span_record import span_row_from_datum, span_tuple_from_record
 from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
 from agl_stream.streams import Batch, Converter
 
 # What the projector's and the replay's streams hand over as rows, not as event models.
-CONVERTERS = {"SpanRecorded": Converter(span_row_from_datum, span_row_from_record)}
+CONVERTERS = {"SpanRecorded": Converter(span_row_from_datum, span_tuple_from_record)}
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class Projection:
             if behind:
                 return Behind(behind)
             events: list[Event] = []
-            span_rows: list[SpanRow] = []
+            span_rows: list[SpanRow | bytes] = []
             for p, tp in partitions.items():
                 floor = stored.get(p, -1)
                 if batch.next_offsets[tp] <= floor:

@@ -56,7 +56,8 @@ class Changes:
 
     rollouts: list[RolloutRow] = field(default_factory=list)
     attempts: list[AttemptRow] = field(default_factory=list)
-    spans: list[SpanRow] = field(default_factory=list)
+    # SpanRows, or bytes: a row already as a binary COPY tuple (copy_binary).
+    spans: list[SpanRow | bytes] = field(default_factory=list)
     resources: list[ResourcesRow] = field(default_factory=list)
     workers: list[WorkerRow] = field(default_factory=list)
 
@@ -95,7 +96,7 @@ def project(events: Iterable[Event], state: State) -> Changes:
     before = State(
         dict(state.rollouts), dict(state.attempts), dict(state.resources), dict(state.workers)
     )
-    spans: list[SpanRow] = []
+    spans: list[SpanRow | bytes] = []
     touched: set[str] = set()
     for event in events:
         if isinstance(event, SpanRecorded):

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-# A value PostgreSQL stores as jsonb (bytes: binary jsonb already, see store._jsonb).
-Json = Any
+Json = Any  # a value PostgreSQL stores as jsonb
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,10 @@ what the model checks beyond the Avro types; a record it refuses raises ValueErr
 stream dead-letters it as invalid, exactly as a record the model refuses. A test holds it
 equal to `fold.span_row(SpanRecorded)` on random spans.
 
-`span_row_from_record` is the fast path before it: a compiled reader of the current span
-schema (_spanfast.c) that makes the row from the record's bytes, JSON columns included, and
-checks what the model checks, and steps aside (None) for anything the general path must
-judge; tests hold the two equal.
+`span_tuple_from_record` is the fast path before it: a compiled reader of the current span
+schema (_spanfast.c) that writes the row from the record's bytes as PostgreSQL's binary COPY
+takes it, checks what the model checks, and steps aside (None) for anything the general path
+must judge; tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -92,15 +92,15 @@ def span_row_from_datum(datum: Mapping[str, Any]) -> SpanRow:
     )
 
 
-def span_row_from_record(data: bytes) -> SpanRow | None:
-    """The spans row of a SpanRecorded record (single-object encoded) read by the compiled
-    reader, its JSON columns already PostgreSQL's binary jsonb; None where that reader is not
-    built, the record was written with another schema, or anything in it is for
+def span_tuple_from_record(data: bytes) -> bytes | None:
+    """The spans row of a SpanRecorded record (single-object encoded) as a binary COPY tuple
+    (copy_binary.COLUMNS' order), written by the compiled reader; None where that reader is
+    not built, the record was written with another schema, or anything in it is for
     span_row_from_datum to judge (it words every refusal)."""
     if _spanfast is None or data[len(MARKER) : HEADER_LENGTH] != _FINGERPRINT:
         return None
-    values = _spanfast.decode(data, HEADER_LENGTH)
-    return None if values is None else tuple.__new__(SpanRow, values)
+    encoded: bytes | None = _spanfast.decode(data, HEADER_LENGTH)
+    return encoded
 
 
 def _check_ids(trace_id: str, span_id: str) -> None:

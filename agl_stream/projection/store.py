@@ -9,6 +9,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
+from agl_stream.projection.copy_binary import copy_data
 from agl_stream.projection.fold import Changes, Keys, State
 from agl_stream.projection.rows import (
     AttemptRow,
@@ -40,18 +42,12 @@ _TABLES: dict[type[Row], str] = {
 }
 
 
-def _jsonb(value: object) -> bytes:
-    """A value as binary jsonb; bytes are binary jsonb already (the compiled span reader
-    writes the JSON columns so, and JSON itself has no bytes values)."""
-    return value if type(value) is bytes else b"\x01" + orjson.dumps(value)
-
-
 async def init_connection(conn: asyncpg.Connection) -> None:
     """jsonb through orjson in binary format (version byte 1, then the JSON text)."""
     await conn.set_type_codec(
         "jsonb",
         schema="pg_catalog",
-        encoder=_jsonb,
+        encoder=lambda value: b"\x01" + orjson.dumps(value),
         decoder=lambda data: orjson.loads(data[1:]),
         format="binary",
     )
@@ -70,7 +66,6 @@ class ProjectionStore:
         self.conn = conn
         self.schema = schema
         self._upserts = {t: self._upsert_sql(t) for t in _TABLES if t is not SpanRow}
-        self._span_insert = self._insert_sql(SpanRow)
 
     def table(self, row_type: type[Row] | str) -> str:
         name = row_type if isinstance(row_type, str) else _TABLES[row_type]
@@ -118,17 +113,33 @@ class ProjectionStore:
         if changes.spans:
             await self.insert_spans(changes.spans)
 
-    async def insert_spans(self, spans: Sequence[SpanRow]) -> None:
-        """COPY when none is there yet (the usual case); otherwise insert in order and keep
-        the row recorded first."""
-        records = [values(s) for s in spans]
+    async def insert_spans(self, spans: Sequence[SpanRow | bytes]) -> None:
+        """One binary COPY when none is there yet (the usual case); otherwise the rows go
+        through a temporary table and are inserted in order, keeping the row recorded first."""
+        data = copy_data(spans)
         try:
             async with self.conn.transaction():  # a savepoint
-                await self.conn.copy_records_to_table(
-                    "spans", schema_name=self.schema, columns=columns(SpanRow), records=records
-                )
+                await self._copy("spans", data, self.schema)
         except asyncpg.UniqueViolationError:
-            await self.conn.executemany(self._span_insert, records)
+            await self.conn.execute(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS spans_in "
+                f"(LIKE {self.table(SpanRow)}, ordinal bigserial) ON COMMIT DELETE ROWS"
+            )
+            await self._copy("spans_in", data, None)
+            cols = ", ".join(columns(SpanRow))
+            await self.conn.execute(
+                f"INSERT INTO {self.table(SpanRow)} ({cols}) SELECT {cols} FROM spans_in "
+                "ORDER BY ordinal ON CONFLICT DO NOTHING; TRUNCATE spans_in"
+            )
+
+    async def _copy(self, table: str, data: bytes, schema: str | None) -> None:
+        await self.conn.copy_to_table(  # a memoryview: asyncpg reads bytes as a file's path
+            table,
+            source=memoryview(data),
+            columns=COPY_COLUMNS,
+            schema_name=schema,
+            format="binary",
+        )
 
     # ---- offsets -------------------------------------------------------------------------
 

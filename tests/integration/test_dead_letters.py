@@ -14,6 +14,8 @@ from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
 from agl_stream.kafka import consumer, producer
 from agl_stream.projection.apply import CONVERTERS
+from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
+from agl_stream.projection.rows import SpanRow
 from agl_stream.streams import Batch, Converter, EventPublisher, EventStream, Topics
 from tests.integration.bad_records import EVENT_TOPICS, EXPECTED_KIND, bad_records
 from tests.integration.helpers import eventually, examples
@@ -95,5 +97,12 @@ async def test_bad_records_on_every_topic_are_dead_lettered(
 def _event_ids(batch: Batch) -> list[str]:
     """Event ids of what a batch delivered, as events or as converted span rows."""
     ids = [str(item.event.event_id) for item in batch]
-    ids += [str(c.value.event_id) for items in batch.converted.values() for c in items]
+    ids += [_span_event_id(c.value) for items in batch.converted.values() for c in items]
     return ids
+
+
+def _span_event_id(value: SpanRow | bytes) -> str:
+    if isinstance(value, bytes):  # a binary COPY tuple: field count, length, then the uuid
+        assert COPY_COLUMNS[0] == "event_id"
+        return str(uuid.UUID(bytes=value[6:22]))
+    return str(value.event_id)

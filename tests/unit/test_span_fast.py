@@ -1,13 +1,15 @@
-"""The compiled span reader (agl_stream/projection/_spanfast.c) gives the projector the rows
-the general path gives, JSON columns included, or steps aside for the general path: on random
-spans, and on records damaged at random (a row it makes from a damaged record must be the row
-the general path makes from it; it never takes a record the general path refuses)."""
+"""The compiled span reader (agl_stream/projection/_spanfast.c) gives the projector the binary
+COPY tuples the general path gives (fastavro, span_row_from_datum, copy_binary.span_tuple),
+JSON columns as the same JSON, or steps aside for the general path: on random spans, and on
+records damaged at random (a row it makes from a damaged record must be the row the general
+path makes from it; it never takes a record the general path refuses)."""
 
 from __future__ import annotations
 
 import io
 import math
 import shutil
+import struct
 from typing import Any
 
 import fastavro
@@ -19,8 +21,9 @@ from hypothesis import strategies as st
 from agl_stream.codec import HEADER_LENGTH, MARKER, Codec, DecodeError
 from agl_stream.events import SpanRecorded
 from agl_stream.projection import span_record
+from agl_stream.projection.copy_binary import COLUMNS, span_tuple
 from agl_stream.projection.rows import SpanRow
-from agl_stream.projection.span_record import span_row_from_datum, span_row_from_record
+from agl_stream.projection.span_record import span_row_from_datum, span_tuple_from_record
 from agl_stream.schema_registry import default_registry
 from tests.unit.golden import GOLDEN_EVENTS
 from tests.unit.strategies import EVENT_STRATEGIES
@@ -29,7 +32,7 @@ from tests.unit.test_span_record import raw_span
 codec = Codec()
 built = span_record._spanfast is not None
 needs_reader = pytest.mark.skipif(not built, reason="the compiled span reader is not built")
-JSON_COLUMNS = (16, 17, 18, 19)  # attributes, events, links, resource
+JSON_COLUMNS = {"attributes", "events", "links", "resource"}
 
 
 def general(data: bytes) -> SpanRow | None:
@@ -40,29 +43,35 @@ def general(data: bytes) -> SpanRow | None:
         return None
 
 
-def comparable(row: SpanRow) -> list[Any]:
-    """The row with its JSON columns as the JSON PostgreSQL is given."""
-    values: list[Any] = list(row)
-    for i in JSON_COLUMNS:
-        value = values[i]
-        if type(value) is bytes:
-            assert value[:1] == b"\x01", "binary jsonb starts with its version byte"
-            values[i] = orjson.loads(value[1:])
-        else:
-            values[i] = orjson.loads(orjson.dumps(value))
-    return values
+def fields(encoded: bytes) -> dict[str, Any]:
+    """A binary COPY tuple's fields by column (bytes, None for NULL), JSON columns parsed."""
+    assert struct.unpack_from("!h", encoded)[0] == len(COLUMNS)
+    out: dict[str, Any] = {}
+    at = 2
+    for column in COLUMNS:
+        (size,) = struct.unpack_from("!i", encoded, at)
+        at += 4
+        value = None if size == -1 else encoded[at : at + size]
+        at += max(size, 0)
+        if column in JSON_COLUMNS:
+            assert value is not None and value[:1] == b"\x01", "binary jsonb: version byte 1"
+            value = orjson.loads(value[1:])
+        out[column] = value
+    assert at == len(encoded), "nothing after the last field"
+    return out
 
 
-def unfit_for_json(value: Any) -> bool:
-    """What the reader leaves to the general path: a double JSON cannot hold, a NUL in text."""
+def unfit(value: Any) -> bool:
+    """What the reader leaves to the general path: a double JSON cannot hold, a NUL in text
+    (PostgreSQL's text and jsonb hold none)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(unfit_for_json(k) or unfit_for_json(v) for k, v in value.items())
+        return any(unfit(k) or unfit(v) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return any(unfit_for_json(v) for v in value)
+        return any(unfit(v) for v in value)
     return False
 
 
@@ -79,12 +88,11 @@ def test_rows_equal_the_general_paths(event: SpanRecorded) -> None:
     data = codec.encode(event)
     slow = general(data)
     assert slow is not None
-    fast = span_row_from_record(data)
+    fast = span_tuple_from_record(data)
     if fast is None:
-        assert any(unfit_for_json(slow[i]) for i in JSON_COLUMNS)
+        assert unfit(tuple(slow))
     else:
-        assert type(fast) is SpanRow
-        assert comparable(fast) == comparable(slow)
+        assert fields(fast) == fields(span_tuple(slow))
 
 
 @needs_reader
@@ -93,17 +101,17 @@ def test_the_reader_reads_the_current_span_schema() -> None:
     golden = GOLDEN_EVENTS["SpanRecorded"]
     assert golden.attributes and golden.events and golden.links, "the golden span has them all"
     data = codec.encode(golden)
-    fast = span_row_from_record(data)
+    fast = span_tuple_from_record(data)
     slow = general(data)
     assert fast is not None and slow is not None
-    assert comparable(fast) == comparable(slow)
+    assert fields(fast) == fields(span_tuple(slow))
 
 
 @needs_reader
 def test_records_of_another_schema_are_left_to_the_general_path() -> None:
     data = codec.encode(GOLDEN_EVENTS["SpanRecorded"])
     other = default_registry().current["RolloutQueued"].fingerprint
-    assert span_row_from_record(MARKER + other + data[HEADER_LENGTH:]) is None
+    assert span_tuple_from_record(MARKER + other + data[HEADER_LENGTH:]) is None
 
 
 Damage = tuple[str, int, int]
@@ -139,11 +147,11 @@ def test_a_damaged_record_reads_as_the_general_path_reads_it(
         elif how == "truncate":
             del record[where:]
     data = bytes(record)
-    fast = span_row_from_record(data)
+    fast = span_tuple_from_record(data)
     if fast is not None:
         slow = general(data)
         assert slow is not None, "the reader took a record the general path refuses"
-        assert comparable(fast) == comparable(slow)
+        assert fields(fast) == fields(span_tuple(slow))
 
 
 @needs_reader
@@ -162,12 +170,12 @@ def test_attribute_text_is_escaped_as_json(text: str, taken: bool) -> None:
         update={"attributes": {text: text, "list": [text, 1.5, -(2**63), True, None]}}
     )
     data = codec.encode(event)
-    fast = span_row_from_record(data)
+    fast = span_tuple_from_record(data)
     slow = general(data)
     assert slow is not None
     assert (fast is not None) == taken
     if fast is not None:
-        assert comparable(fast) == comparable(slow)
+        assert fields(fast) == fields(span_tuple(slow))
 
 
 @needs_reader
@@ -195,7 +203,7 @@ def test_attribute_text_is_escaped_as_json(text: str, taken: bool) -> None:
 def test_what_the_model_refuses_is_left_to_the_general_path(changes: dict[str, Any]) -> None:
     data = raw_span(**changes)
     assert general(data) is None
-    assert span_row_from_record(data) is None
+    assert span_tuple_from_record(data) is None
 
 
 @needs_reader
@@ -207,7 +215,7 @@ def test_other_event_id_spellings_are_left_to_the_general_path() -> None:
         body = io.BytesIO()  # the plain schema writes the text as it is
         fastavro.schemaless_writer(body, schema.plain, datum | {"event_id": spelling})
         data = MARKER + schema.fingerprint + body.getvalue()
-        assert span_row_from_record(data) is None
+        assert span_tuple_from_record(data) is None
         row = general(data)
         assert row is not None and row.event_id == canonical
 
@@ -229,8 +237,7 @@ def test_other_event_id_spellings_are_left_to_the_general_path() -> None:
 )
 def test_times_read_as_the_general_path_reads_them(micros: int) -> None:
     data = raw_span(occurred_at=micros)
-    fast, slow = span_row_from_record(data), general(data)
+    fast, slow = span_tuple_from_record(data), general(data)
     assert (fast is None) == (slow is None)
     if fast is not None and slow is not None:
-        assert fast.recorded_at == slow.recorded_at
-        assert fast.recorded_at.utcoffset() == slow.recorded_at.utcoffset()
+        assert fields(fast) == fields(span_tuple(slow))
