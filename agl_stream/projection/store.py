@@ -121,16 +121,17 @@ class ProjectionStore:
             async with self.conn.transaction():  # a savepoint
                 await self._copy("spans", data, self.schema)
         except asyncpg.UniqueViolationError:
-            await self.conn.execute(
-                "CREATE TEMPORARY TABLE IF NOT EXISTS spans_in "
-                f"(LIKE {self.table(SpanRow)}, ordinal bigserial) ON COMMIT DELETE ROWS"
-            )
-            await self._copy("spans_in", data, None)
-            cols = ", ".join(columns(SpanRow))
-            await self.conn.execute(
-                f"INSERT INTO {self.table(SpanRow)} ({cols}) SELECT {cols} FROM spans_in "
-                "ORDER BY ordinal ON CONFLICT DO NOTHING; TRUNCATE spans_in"
-            )
+            async with self.conn.transaction():  # the table's rows live until its commit
+                await self.conn.execute(
+                    "CREATE TEMPORARY TABLE IF NOT EXISTS spans_in "
+                    f"(LIKE {self.table(SpanRow)}, ordinal bigserial) ON COMMIT DELETE ROWS"
+                )
+                await self._copy("spans_in", data, None)
+                cols = ", ".join(columns(SpanRow))
+                await self.conn.execute(
+                    f"INSERT INTO {self.table(SpanRow)} ({cols}) SELECT {cols} FROM spans_in "
+                    "ORDER BY ordinal ON CONFLICT DO NOTHING; TRUNCATE spans_in"
+                )
 
     async def _copy(self, table: str, data: bytes, schema: str | None) -> None:
         await self.conn.copy_to_table(  # a memoryview: asyncpg reads bytes as a file's path

@@ -4,6 +4,7 @@ batch holding spans already there keeps, for each key, the row recorded first.""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import asyncpg
@@ -92,8 +93,10 @@ async def test_a_batch_with_spans_already_there_keeps_the_first_recorded(
             *(t for t in [span_tuple_from_record(span(1, "one again"))] if t is not None),
             *(t for t in [span_tuple_from_record(span(2, "two"))] if t is not None),
         ]
-        for _ in range(2):  # the temporary table is emptied for the next batch
-            async with conn.transaction():
+        # Twice: the temporary table is emptied for the next batch; once in the caller's
+        # transaction (as the projector calls it) and once outside any.
+        for outer in (conn.transaction(), contextlib.nullcontext()):
+            async with outer:
                 await store.insert_spans(batch)
         names = await conn.fetch(f'SELECT sequence, name FROM "{schema}".spans ORDER BY sequence')
         assert [(r["sequence"], r["name"]) for r in names] == [(0, "first"), (1, "one"), (2, "two")]
