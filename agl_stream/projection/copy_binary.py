@@ -3,7 +3,8 @@ sql-copy.html#id-1.9.3.55.9.4), the form the projector sends them in.
 
 The compiled span reader (_spanfast.c) writes a span's tuple straight from its Avro body;
 `span_tuple` writes one for a SpanRow built in Python (records the reader leaves to the
-general path), in the same column order, so one COPY takes both. Pure code.
+general path), in the same column order, so one COPY takes both; NULs become U+FFFD as
+pg_text says (the reader leaves text with a NUL to the general path). Pure code.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
+from agl_stream.projection import pg_text
 from agl_stream.projection.rows import SpanRow, columns
 
 # The order the compiled reader writes (the Avro schema's): SpanRow's columns with event_id
@@ -33,7 +33,7 @@ _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def _text(value: str) -> bytes:
-    data = value.encode()
+    data = pg_text.text(value).encode()
     return _LENGTH.pack(len(data)) + data
 
 
@@ -51,7 +51,7 @@ def _timestamptz(value: datetime) -> bytes:
 
 
 def _jsonb(value: object) -> bytes:
-    data = value if type(value) is bytes else b"\x01" + orjson.dumps(value)
+    data = value if isinstance(value, bytes) else pg_text.jsonb(value)
     return _LENGTH.pack(len(data)) + data
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from agl_stream.projection import pg_text
 from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
 from agl_stream.projection.copy_binary import copy_data
 from agl_stream.projection.fold import Changes, Keys, State
@@ -43,11 +44,12 @@ _TABLES: dict[type[Row], str] = {
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
-    """jsonb through orjson in binary format (version byte 1, then the JSON text)."""
+    """jsonb through orjson in binary format (version byte 1, then the JSON text), NULs
+    replaced as pg_text says."""
     await conn.set_type_codec(
         "jsonb",
         schema="pg_catalog",
-        encoder=lambda value: b"\x01" + orjson.dumps(value),
+        encoder=pg_text.jsonb,
         decoder=lambda data: orjson.loads(data[1:]),
         format="binary",
     )
@@ -109,9 +111,19 @@ class ProjectionStore:
             changes.workers,
         ):
             if rows:
-                await self.conn.executemany(self._upserts[type(rows[0])], [values(r) for r in rows])
+                await self._upsert(rows)
         if changes.spans:
             await self.insert_spans(changes.spans)
+
+    async def _upsert(self, rows: Sequence[Row]) -> None:
+        sql = self._upserts[type(rows[0])]
+        records = [values(r) for r in rows]
+        try:
+            async with self.conn.transaction():  # a savepoint
+                await self.conn.executemany(sql, records)
+        except (asyncpg.CharacterNotInRepertoireError, asyncpg.UntranslatableCharacterError):
+            # A NUL in text (jsonb's codec replaces its own): stored as pg_text says.
+            await self.conn.executemany(sql, [tuple(map(pg_text.column, r)) for r in records])
 
     async def insert_spans(self, spans: Sequence[SpanRow | bytes]) -> None:
         """One binary COPY when none is there yet (the usual case); otherwise the rows go
