@@ -215,41 +215,46 @@ static int json_scalar(Reader *r, Out *o, int64_t index) {
     }
 }
 
-/* An attribute value: a scalar, or (index 5) an array of scalars. */
-static int json_value(Reader *r, Out *o) {
-    int64_t index, count;
-    if (read_long(r, &index)) return FAIL;
-    if (index != 5) return json_scalar(r, o, index);
-    if (out_ch(o, '[')) return FAIL;
+/* A map's or an array's blocks as a JSON object or array, each item written by `item`. */
+typedef int (*ItemWriter)(Reader *, Out *);
+
+static int json_blocks(Reader *r, Out *o, char open, char close, ItemWriter item) {
+    int64_t count;
     int first = 1;
+    if (out_ch(o, open)) return FAIL;
     for (;;) {
         if (read_count(r, &count)) return FAIL;
         if (count == 0) break;
         for (int64_t i = 0; i < count; i++) {
-            int64_t item;
             if (!first && out_ch(o, ',')) return FAIL;
             first = 0;
-            if (read_long(r, &item) || item > 4 || json_scalar(r, o, item)) return FAIL;
+            if (item(r, o)) return FAIL;
         }
     }
-    return out_ch(o, ']');
+    return out_ch(o, close);
+}
+
+/* An item of an attribute's array: one of the scalars. */
+static int array_item(Reader *r, Out *o) {
+    int64_t index;
+    return read_long(r, &index) || index > 4 || json_scalar(r, o, index);
+}
+
+/* An attribute value: a scalar, or (index 5) an array of scalars. */
+static int json_value(Reader *r, Out *o) {
+    int64_t index;
+    if (read_long(r, &index)) return FAIL;
+    if (index != 5) return json_scalar(r, o, index);
+    return json_blocks(r, o, '[', ']', array_item);
+}
+
+static int attribute_item(Reader *r, Out *o) {
+    return json_string(r, o) || out_ch(o, ':') || json_value(r, o);
 }
 
 /* An attributes map as a JSON object. */
 static int json_attributes(Reader *r, Out *o) {
-    int64_t count;
-    int first = 1;
-    if (out_ch(o, '{')) return FAIL;
-    for (;;) {
-        if (read_count(r, &count)) return FAIL;
-        if (count == 0) break;
-        for (int64_t i = 0; i < count; i++) {
-            if (!first && out_ch(o, ',')) return FAIL;
-            first = 0;
-            if (json_string(r, o) || out_ch(o, ':') || json_value(r, o)) return FAIL;
-        }
-    }
-    return out_ch(o, '}');
+    return json_blocks(r, o, '{', '}', attribute_item);
 }
 
 /* ---- the record's JSON arrays ----------------------------------------------------------- */
@@ -268,50 +273,33 @@ static int read_hex(Reader *r, Py_ssize_t digits, const unsigned char **start) {
     return 0;
 }
 
-/* The events array as JSON; FAIL where an event's time is negative. */
-static int json_events(Reader *r, Out *o) {
-    int64_t count, time;
-    int first = 1;
-    if (out_ch(o, '[')) return FAIL;
-    for (;;) {
-        if (read_count(r, &count)) return FAIL;
-        if (count == 0) break;
-        for (int64_t i = 0; i < count; i++) {
-            if (!first && out_ch(o, ',')) return FAIL;
-            first = 0;
-            if (out_put(o, "{\"name\":", 8) || json_string(r, o)) return FAIL;
-            if (read_long(r, &time) || time < 0) return FAIL;
-            char text[48];
-            int n = snprintf(text, sizeof text, ",\"time_unix_nano\":%lld", (long long)time);
-            if (out_put(o, text, n)) return FAIL;
-            if (out_put(o, ",\"attributes\":", 14) || json_attributes(r, o) || out_ch(o, '}'))
-                return FAIL;
-        }
-    }
-    return out_ch(o, ']');
+/* A span event as JSON; FAIL where its time is negative. */
+static int event_item(Reader *r, Out *o) {
+    int64_t time;
+    char text[48];
+    if (out_put(o, "{\"name\":", 8) || json_string(r, o)) return FAIL;
+    if (read_long(r, &time) || time < 0) return FAIL;
+    int n = snprintf(text, sizeof text, ",\"time_unix_nano\":%lld", (long long)time);
+    return out_put(o, text, n) || out_put(o, ",\"attributes\":", 14) ||
+           json_attributes(r, o) || out_ch(o, '}');
 }
 
-/* The links array as JSON; FAIL where a link's ids are not lowercase hex. */
-static int json_links(Reader *r, Out *o) {
-    int64_t count;
-    int first = 1;
+static int json_events(Reader *r, Out *o) {
+    return json_blocks(r, o, '[', ']', event_item);
+}
+
+/* A span link as JSON; FAIL where its ids are not lowercase hex. */
+static int link_item(Reader *r, Out *o) {
     const unsigned char *unused;
-    if (out_ch(o, '[')) return FAIL;
-    for (;;) {
-        if (read_count(r, &count)) return FAIL;
-        if (count == 0) break;
-        for (int64_t i = 0; i < count; i++) {
-            if (!first && out_ch(o, ',')) return FAIL;
-            first = 0;
-            Reader ids = *r;
-            if (read_hex(&ids, 32, &unused) || read_hex(&ids, 16, &unused)) return FAIL;
-            if (out_put(o, "{\"trace_id\":", 12) || json_string(r, o)) return FAIL;
-            if (out_put(o, ",\"span_id\":", 11) || json_string(r, o)) return FAIL;
-            if (out_put(o, ",\"attributes\":", 14) || json_attributes(r, o) || out_ch(o, '}'))
-                return FAIL;
-        }
-    }
-    return out_ch(o, ']');
+    Reader ids = *r;
+    if (read_hex(&ids, 32, &unused) || read_hex(&ids, 16, &unused)) return FAIL;
+    return out_put(o, "{\"trace_id\":", 12) || json_string(r, o) ||
+           out_put(o, ",\"span_id\":", 11) || json_string(r, o) ||
+           out_put(o, ",\"attributes\":", 14) || json_attributes(r, o) || out_ch(o, '}');
+}
+
+static int json_links(Reader *r, Out *o) {
+    return json_blocks(r, o, '[', ']', link_item);
 }
 
 /* ---- binary COPY fields ------------------------------------------------------------------- */
