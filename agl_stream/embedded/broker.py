@@ -45,14 +45,26 @@ def start(home: Path, port: int, s3_port: int, secret: str) -> int:
     return pid
 
 
+# (api key, version, body) of the requests that say the broker is ready: ApiVersions v0, and
+# Metadata v0 for all topics (an empty list), which needs its storage.
+_READY_REQUESTS = ((18, 0, b""), (3, 0, struct.pack(">i", 0)))
+
+
 def answers(port: int) -> bool:
-    """Whether the broker serves Kafka requests (an ApiVersions v0 round trip), not only
-    accepts connections: after a restart it listens while it loads its storage and closes
-    the connections it accepted meanwhile."""
-    correlation = 1
-    request = struct.pack(">hhih", 18, 0, correlation, 3) + b"agl"
+    """Whether the broker serves Kafka requests, not only accepts connections: after a
+    restart it listens while it loads its storage and closes the connections it accepted
+    meanwhile, and on a loaded machine it has been seen to answer ApiVersions and still close
+    the first client's metadata request; so both must get an answer."""
+    return all(
+        _round_trip(port, key, version, body, correlation)
+        for correlation, (key, version, body) in enumerate(_READY_REQUESTS, start=1)
+    )
+
+
+def _round_trip(port: int, key: int, version: int, body: bytes, correlation: int) -> bool:
+    request = struct.pack(">hhih", key, version, correlation, 3) + b"agl" + body
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.sendall(struct.pack(">i", len(request)) + request)
             header = b""
             while len(header) < 8:

@@ -35,6 +35,11 @@ from tests.integration.projection import projector_in_process
 from tests.integration.runs import publish_resources, runner_in_process
 
 AGENT = "tests.apo_world:follow_rules"
+# The runner shares this process's event loop with APO, the projector and the endpoint. On a
+# loaded CI machine all ten rollouts of one candidate once ran without its version (most
+# likely the runner saw the pinned version after the default 10 s wait and failed them as
+# UnknownResources). These tests are about APO's choices, not that wait.
+PIN_WAIT = 60.0
 
 
 @asynccontextmanager
@@ -88,7 +93,7 @@ async def test_apo_keeps_the_best_template_by_measured_reward(
         )  # fmt: skip
         async with (
             projector_in_process(kafka, database),
-            runner_in_process(kafka, AGENT, concurrency=16),
+            runner_in_process(kafka, AGENT, concurrency=16, pin_wait_seconds=PIN_WAIT),
         ):
             state = await asyncio.wait_for(apo.run(asyncio.Event()), 240)
 
@@ -153,7 +158,7 @@ async def test_an_optimizer_that_cannot_take_the_request_stops_apo_with_its_reas
             apo = Apo(kafka, database, config(tmp_path / "apo", optimizer, max_tokens=64))
             async with (
                 projector_in_process(kafka, database),
-                runner_in_process(kafka, AGENT, concurrency=16),
+                runner_in_process(kafka, AGENT, concurrency=16, pin_wait_seconds=PIN_WAIT),
             ):
                 with pytest.raises(ApoError, match=r"failed: .*exceed the model's context of 256"):
                     await asyncio.wait_for(apo.run(asyncio.Event()), 120)
@@ -188,7 +193,7 @@ async def test_a_batch_cut_off_while_queuing_is_completed_without_duplicates(
         await publish_llm(kafka, endpoint)
         async with (
             projector_in_process(kafka, database),
-            runner_in_process(kafka, AGENT, concurrency=16),
+            runner_in_process(kafka, AGENT, concurrency=16, pin_wait_seconds=PIN_WAIT),
         ):
             settings = config(tmp_path / "apo", endpoint, rounds=0)
             with monkeypatch.context() as patch:
@@ -240,7 +245,7 @@ async def test_apo_killed_mid_round_resumes_without_losing_or_repeating(
     async with (
         world_endpoint() as (endpoint, _),
         projector_in_process(kafka, database),
-        runner_in_process(kafka, AGENT, concurrency=16),
+        runner_in_process(kafka, AGENT, concurrency=16, pin_wait_seconds=PIN_WAIT),
     ):
         # As a user would: the endpoint agents call, published from the command line.
         published = await invoke_cli(
