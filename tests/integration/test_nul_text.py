@@ -21,6 +21,7 @@ from agl_stream.projection.span_record import span_row_from_datum, span_tuple_fr
 from agl_stream.projection.store import ProjectionStore, active_read_model, connect
 from agl_stream.queries import ReadModel
 from tests.unit.golden import GOLDEN_EVENTS
+from tests.unit.test_span_record import plain
 
 NUL, R = "\x00", "\ufffd"
 
@@ -55,7 +56,7 @@ async def test_nul_characters_are_stored_as_replacement_characters(
     codec = Codec()
     record = codec.encode(span)
     assert span_tuple_from_record(record) is None, "text with a NUL is the general path's"
-    span_row = span_row_from_datum(codec.decode_datum(record, plain=True)[1])
+    span_row = span_row_from_datum(plain(record))
 
     conn = await connect(database.asyncpg_dsn)
     try:

@@ -27,7 +27,7 @@ from agl_stream.projection.span_record import span_row_from_datum, span_tuple_fr
 from agl_stream.schema_registry import default_registry
 from tests.unit.golden import GOLDEN_EVENTS
 from tests.unit.strategies import EVENT_STRATEGIES
-from tests.unit.test_span_record import raw_span
+from tests.unit.test_span_record import plain, raw_span
 
 codec = Codec()
 built = span_record._spanfast is not None
@@ -38,7 +38,7 @@ JSON_COLUMNS = {"attributes", "events", "links", "resource"}
 def general(data: bytes) -> SpanRow | None:
     """The general path's row (fastavro, then span_row_from_datum); None: it refuses."""
     try:
-        return span_row_from_datum(codec.decode_datum(data, plain=True)[1])
+        return span_row_from_datum(plain(data))
     except (DecodeError, ValueError):
         return None
 
