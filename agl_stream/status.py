@@ -47,6 +47,7 @@ class StatusReport:
     bootstrap_servers: str
     broker_reachable: bool
     broker_detail: str = ""
+    broker: str = ""  # what the broker is: "Apache Kafka 4.1.1 (embedded ...)" or the cluster
     topics: list[TopicStatus] = field(default_factory=list)
     missing_topics: list[str] = field(default_factory=list)
     groups: list[GroupStatus] = field(default_factory=list)
@@ -58,11 +59,15 @@ class StatusReport:
         return self.broker_reachable and not self.missing_topics and db_ok
 
 
-async def collect(kafka: KafkaSettings, database: DatabaseSettings | None) -> StatusReport:
+async def collect(
+    kafka: KafkaSettings, database: DatabaseSettings | None, embedded: str | None = None
+) -> StatusReport:
+    """`embedded`: how to name the broker when it is the embedded stack's (Kafka does not
+    say its own version on the wire)."""
     report = StatusReport(kafka.bootstrap_servers, broker_reachable=False)
     db_task = asyncio.create_task(_database(database)) if database else None
     try:
-        await _broker(kafka, report)
+        await _broker(kafka, report, embedded)
     except Exception as exc:  # noqa: BLE001 - any failure means "unreachable", said plainly
         report.broker_detail = f"{type(exc).__name__}: {exc}"
     if db_task is not None:
@@ -70,12 +75,16 @@ async def collect(kafka: KafkaSettings, database: DatabaseSettings | None) -> St
     return report
 
 
-async def _broker(kafka: KafkaSettings, report: StatusReport) -> None:
+async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | None) -> None:
     specs = load_topic_specs()
     wanted = [s.full_name(kafka.topic_prefix) for s in specs.values()]
     async with admin_client(kafka) as admin:
         existing = set(await admin.list_topics())
         report.broker_reachable = True
+        cluster = await admin.describe_cluster()
+        count = len(cluster["brokers"])
+        shape = f"cluster {cluster['cluster_id']}, {count} broker{'s' if count != 1 else ''}"
+        report.broker = f"{embedded}; {shape}" if embedded else f"Kafka {shape}"
         present = [name for name in wanted if name in existing]
         report.missing_topics = [name for name in wanted if name not in existing]
         described = await admin.describe_topics(present) if present else []

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
@@ -96,6 +96,12 @@ class Topics:
         return spec is not None and event_type in spec.events
 
 
+class Sender(Protocol):
+    """What publishes an attempt's events: an EventPublisher, or a runner's partition lane."""
+
+    async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]: ...
+
+
 class EventPublisher:
     """Encodes events and sends them keyed by their partitioning key, acks=all."""
 
@@ -172,6 +178,11 @@ class EventStream:
                 else:
                     batch.dead_lettered += 1
                 batch.next_offsets[tp] = record.offset + 1
+            if items:
+                # Past what follows the last record and is no record of its own
+                # (transaction markers, aborted records): the reader's position.
+                position = await self._consumer.position(tp)
+                batch.next_offsets[tp] = max(batch.next_offsets[tp], position)
             if good:
                 batch.events[tp] = good
             if converted:
@@ -180,6 +191,11 @@ class EventStream:
             await asyncio.gather(*pending)
             batch.dead_lettered += len(pending)
         return batch
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record this stream reads from the partition."""
+        position: int = await self._consumer.position(tp)
+        return position
 
     async def commit(self, batch: Batch) -> None:
         if batch.next_offsets:
@@ -250,19 +266,24 @@ async def read_records(
     starts: Mapping[TopicPartition, int],
     ends: Mapping[TopicPartition, int],
 ) -> AsyncIterator[ConsumerRecord]:
-    """The raw records of each partition from its start offset up to (not including) its end."""
+    """The raw committed records of each partition from its start offset up to (not
+    including) its end. Done with a partition when the reader's position reaches the end,
+    not when a record at end - 1 arrives: the last offsets may hold no record (transaction
+    markers, aborted records), and retention may have removed every record (a start below
+    the log start moves to it)."""
     pending = {tp for tp in starts if ends[tp] > starts[tp]}
     async with consumer(kafka) as reader:
         reader.assign(list(starts))
         for tp, offset in starts.items():
             reader.seek(tp, offset)
         while pending:
-            batch = await reader.getmany(*pending, timeout_ms=500)
+            batch = await reader.getmany(*pending, timeout_ms=200)
             for tp, records in batch.items():
                 for record in records:
                     if record.offset < ends[tp]:
                         yield record
-                if records and records[-1].offset + 1 >= ends[tp]:
+            for tp in list(pending):
+                if await reader.position(tp) >= ends[tp]:
                     pending.discard(tp)
 
 
@@ -282,3 +303,17 @@ async def read_partitions(
         with contextlib.suppress(DecodeError):
             events.append(codec.decode(record.value))
     return events
+
+
+async def read_partition_from(
+    kafka: KafkaSettings, tp: TopicPartition, start: int
+) -> tuple[list[tuple[int, Event]], int]:
+    """The decodable events of one partition from `start` to its current end, with their
+    offsets, and that end."""
+    ends = await end_offsets(kafka, [tp])
+    codec = Codec()
+    events: list[tuple[int, Event]] = []
+    async for record in read_records(kafka, {tp: start}, ends):
+        with contextlib.suppress(DecodeError):
+            events.append((record.offset, codec.decode(record.value)))
+    return events, ends[tp]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.errors import IncompatibleBrokerVersion, for_code
 
 from agl_stream.config import KafkaSettings
 from agl_stream.kafka import admin_client
@@ -70,15 +72,17 @@ async def apply_topics(
     settings: KafkaSettings, specs: Iterable[TopicSpec] | None = None
 ) -> ApplyReport:
     """Create missing topics and correct their configs; report what cannot change in place.
-    Running it again changes nothing."""
+    Running it again changes nothing. Returns once every topic is in the brokers' metadata."""
     wanted = list(specs if specs is not None else load_topic_specs().values())
     names = [s.full_name(settings.topic_prefix) for s in wanted]
+    created: list[str] = []
     async with admin_client(settings) as admin:
-        observed = await _observe(admin, names)
-        plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
-        fixable = [d for d in plan.drift if d.fixable]
-        if plan.create:
-            await admin.create_topics(
+        for _ in range(_CREATE_ROUNDS):
+            observed = await _observe(admin, names)
+            plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
+            if not plan.create:
+                break
+            response = await admin.create_topics(
                 [
                     NewTopic(
                         s.full_name(settings.topic_prefix),
@@ -89,14 +93,57 @@ async def apply_topics(
                     for s in plan.create
                 ]
             )
+            created += _created(response)
+            # A topic that "already exists" was created a moment ago (by someone else, or by
+            # a test) and is not in this broker's metadata yet: look again.
+            await _until_visible(admin, names)
+        else:
+            raise TopicsNotReady(f"topics could not be created on {settings.bootstrap_servers}")
+        fixable = [d for d in plan.drift if d.fixable]
         altered = await _alter(admin, fixable)
     left = tuple(d for d in fixable if d not in altered)
     return ApplyReport(
-        created=tuple(s.full_name(settings.topic_prefix) for s in plan.create),
+        created=tuple(created),
         altered=altered,
         unfixed=plan.unfixable + left,
-        in_sync=plan.in_sync,
+        in_sync=tuple(n for n in plan.in_sync if n not in created),
     )
+
+
+_CREATE_ROUNDS = 5
+_TOPIC_ALREADY_EXISTS = 36
+
+
+def _created(response: Any) -> list[str]:
+    """Topics the CreateTopics response says were made; any error but 'already exists' is
+    raised with the broker's message."""
+    made = []
+    for entry in response.topic_errors:
+        topic, code, message = entry[0], entry[1], entry[2] if len(entry) > 2 else None
+        if code == 0:
+            made.append(topic)
+        elif code != _TOPIC_ALREADY_EXISTS:
+            error = for_code(code)
+            raise TopicsNotReady(f"creating topic {topic} failed: {message or error.__name__}")
+    return made
+
+
+async def _until_visible(admin: AIOKafkaAdminClient, names: list[str], within: float = 30) -> None:
+    """Wait until every topic's partitions all have a leader in the metadata a broker serves
+    (on Apache Kafka it follows a create within milliseconds, not at once)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        described = await admin.describe_topics(names)
+        ready = {
+            t["topic"]
+            for t in described
+            if t["error_code"] == 0
+            and t["partitions"]
+            and all(p["leader"] >= 0 for p in t["partitions"])
+        }
+        if ready >= set(names) or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _alter(admin: AIOKafkaAdminClient, drift: list[Drift]) -> tuple[Drift, ...]:

@@ -6,7 +6,7 @@ against the embedded stack, tasks enqueued at a steady rate for --seconds.
 Per rollout: from the moment its task was sent to when it started (AttemptStarted), finished
 (RolloutFinished) and could be read back terminal through the read model (polled every 20
 ms); p50/p99/max of each. Every --sample-every seconds, the RSS of each process (runners,
-projector, broker, S3 storage, PostgreSQL is left out: it runs as several processes whose
+projector, broker; PostgreSQL is left out: it runs as several processes whose
 shared memory RSS counts twice): what grows over a long run shows here.
 """
 
@@ -96,7 +96,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     named = {f"runner-{i}": r.pid for i, r in enumerate(runners)}
     named["projector"] = projector.pid
     named["broker"] = state.broker_pid or 0
-    named["s3 storage"] = state.seaweed_pid or 0
     sent: dict[str, float] = {}
     seen: dict[str, tuple[float, float, float]] = {}
     done = asyncio.Event()

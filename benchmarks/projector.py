@@ -35,6 +35,7 @@ from agl_stream.config import (
     load,
 )
 from agl_stream.db.migrate import FIRST_READ_MODEL, migrate
+from agl_stream.embedded.stack import StackState
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
@@ -144,7 +145,11 @@ async def projected(conn: asyncpg.Connection, schema: str) -> tuple[int, int]:
 
 
 async def project(
-    kafka: KafkaSettings, database: DatabaseSettings, args: argparse.Namespace, records: int
+    state: StackState,
+    kafka: KafkaSettings,
+    database: DatabaseSettings,
+    args: argparse.Namespace,
+    records: int,
 ) -> dict[str, object]:
     env = child_environment(kafka, database)
     processes = [
@@ -158,7 +163,7 @@ async def project(
     conn = await connect(database.asyncpg_dsn)
     try:
         start_samples = {p.pid: sample(p.pid) for p in processes}
-        stack_start = stack_cpu()
+        stack_start = stack_cpu(state)
         t0 = c0 = s0 = None
         columns_ = (
             TextColumn("projecting"),
@@ -174,14 +179,14 @@ async def project(
                 if t0 is None and done > 0:
                     t0, c0, s0 = now, done, spans
                     start_samples = {p.pid: sample(p.pid) for p in processes}
-                    stack_start = stack_cpu()
+                    stack_start = stack_cpu(state)
                 progress.update(bar, completed=done)
                 if done >= records:
                     t1 = now
                     break
                 await asyncio.sleep(0.2)
         end_samples = {p.pid: sample(p.pid) for p in processes}
-        stack_end = stack_cpu()
+        stack_end = stack_cpu(state)
         assert t0 is not None
         assert c0 is not None
         assert s0 is not None
@@ -323,7 +328,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     await migrate(database)
     records, args.spans_sent = await produce(kafka, args.seed, args.run, args.spans)
     await checkpoint(database)
-    projection = await project(kafka, database, args, records)
+    projection = await project(state, kafka, database, args, records)
     await checkpoint(database)
     ceiling = await copy_ceiling(database, args)
     await checkpoint(database)

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from agl_stream.codec import Codec, DecodeError
 from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.embedded.stack import StackState
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, RolloutQueued
 from agl_stream.kafka import consumer, end_offsets
@@ -64,13 +65,11 @@ def sample(pid: int) -> ProcessSample:
     return ProcessSample(cpu, mb("VmRSS"), mb("VmHWM"))
 
 
-STACK_COMMANDS = {"tansu": "broker", "weed": "storage", "postgres": "postgres"}
-
-
-def stack_cpu() -> dict[str, float]:
-    """CPU seconds so far of the embedded stack's processes by component (every PostgreSQL
-    backend counted, including the benchmark's own connections)."""
-    totals = dict.fromkeys(STACK_COMMANDS.values(), 0.0)
+def stack_cpu(state: StackState) -> dict[str, float]:
+    """CPU seconds so far of the embedded stack's processes: the Kafka nodes, and every
+    PostgreSQL process (backends included, the benchmark's own connections too)."""
+    totals = {"broker": 0.0, "postgres": 0.0}
+    brokers = {str(pid) for pid in state.broker_pids}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -79,9 +78,10 @@ def stack_cpu() -> dict[str, float]:
         except OSError:  # gone meanwhile
             continue
         command = stat[stat.index("(") + 1 : stat.rindex(")")]
-        component = STACK_COMMANDS.get(command)
-        if component is not None:
-            totals[component] += _cpu_seconds(stat)
+        if entry.name in brokers:
+            totals["broker"] += _cpu_seconds(stat)
+        elif command == "postgres":
+            totals["postgres"] += _cpu_seconds(stat)
     return totals
 
 
@@ -177,11 +177,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     try:
         with console.status("warming up (runners join the group)..."):
             await run_batch(kafka, 25 * args.runners, args, pids)
-        before = {
-            pid: sample(pid)
-            for pid in [*pids, state.broker_pid or 0, state.seaweed_pid or 0]
-            if pid
-        }
+        before = {pid: sample(pid) for pid in [*pids, *state.broker_pids] if pid}
         span_start = sum((await positions(kafka, "spans")).values())
         with console.status(f"running {args.rollouts} rollouts..."):
             monitor, first_enqueue, start_tasks = await run_batch(kafka, args.rollouts, args, pids)
@@ -195,7 +191,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         await asyncio.gather(*(r.wait() for r in runners))
     elapsed = last_terminal - first_enqueue
     latencies = [monitor.started[r] - queued[r] for r in monitor.started if r in queued]
-    names = {state.broker_pid: "broker (tansu)", state.seaweed_pid: "storage (seaweedfs)"}
+    names = {pid: f"broker (kafka node {i + 1})" for i, pid in enumerate(state.broker_pids)}
     processes = {
         (names[pid] if pid in names else f"runner {pids.index(pid)}"): {
             "cpu_seconds": round(after[pid].cpu_seconds - before[pid].cpu_seconds, 2),

@@ -9,7 +9,18 @@ import click
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.config import KafkaSettings, StackSettings, load
+from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.status import StatusReport, collect
+
+
+def embedded_broker(kafka: KafkaSettings) -> str | None:
+    """How the embedded stack names its broker, when `kafka` points at it."""
+    state = EmbeddedStack(load(StackSettings)).running()
+    if state is None or state.bootstrap_servers != kafka.bootstrap_servers:
+        return None
+    nodes = len(state.nodes)
+    return f"{state.broker}, KRaft, embedded in {state.home} ({nodes} node{'s' * (nodes > 1)})"
 
 
 @click.command()
@@ -22,7 +33,7 @@ def status(app: AppContext, as_json: bool) -> None:
     Exits with 1 when the broker or the database cannot be reached or topics are missing.
     """
     kafka, database = app.kafka(), app.database()
-    report = run(collect(kafka, database))
+    report = run(collect(kafka, database, embedded_broker(kafka)))
     if as_json:
         payload = asdict(report)
         payload["database_url"] = database.display_url()
@@ -37,6 +48,8 @@ def _render(report: StatusReport, database_url: str) -> None:
     ok, bad = "[green]ok[/]", "[red]unreachable[/]"
     summary = Table(show_header=False, title="agl-stream status", title_justify="left")
     summary.add_row("broker", report.bootstrap_servers, ok if report.broker_reachable else bad)
+    if report.broker:
+        summary.add_row("", report.broker, "")
     if report.database is not None:
         db = report.database
         state = ok if db.reachable else bad

@@ -1,36 +1,64 @@
-"""`agl-stream up` / `down`: a broker, its S3 storage and PostgreSQL, as background
-processes under one home directory, found again by the next command."""
+"""`agl-stream up` / `down`: Apache Kafka (KRaft, one node or a small cluster on loopback)
+and PostgreSQL, as background processes under one home directory, found again by the next
+command."""
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
-import secrets
+import os
+import signal
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from agl_stream.config import StackSettings
-from agl_stream.embedded import broker, postgres, seaweed
+from agl_stream.embedded import kafka_dist, kafka_node, postgres
+from agl_stream.embedded.kafka_node import KafkaNode
 from agl_stream.embedded.process import StackError, alive, pick_port, port_free, port_open
-from agl_stream.embedded.seaweed import SeaweedPorts
 
 STATE_FILE = "stack.json"
+BROKER = f"Apache Kafka {kafka_dist.KAFKA_VERSION}"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node_id: int
+    port: int
+    controller_port: int
+    pid: int | None = None
+
+    @property
+    def node(self) -> KafkaNode:
+        return KafkaNode(self.node_id, self.port, self.controller_port)
+
+    def running(self) -> bool:
+        return alive(self.pid, "java") and port_open(self.port)
 
 
 @dataclass(frozen=True)
 class StackState:
     home: str
-    broker_port: int
-    broker_pid: int | None
     postgres_port: int
-    seaweed_pid: int | None
-    seaweed_ports: dict[str, int]
+    cluster_id: str
+    nodes: tuple[NodeState, ...] = field(default_factory=tuple)
+    broker: str = BROKER
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.broker_port}"
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    @property
+    def broker_pid(self) -> int | None:
+        """The first node's process (the only one of a one-node stack)."""
+        return self.nodes[0].pid if self.nodes else None
+
+    @property
+    def broker_pids(self) -> list[int]:
+        return [n.pid for n in self.nodes if n.pid]
 
     @property
     def database_url(self) -> str:
@@ -41,6 +69,18 @@ class StackState:
             "AGL_STREAM_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "AGL_STREAM_DATABASE_URL": self.database_url,
         }
+
+    def node(self, node_id: int) -> NodeState:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    @staticmethod
+    def parse(text: str) -> StackState:
+        raw = json.loads(text)
+        raw["nodes"] = tuple(NodeState(**n) for n in raw["nodes"])
+        return StackState(**raw)
 
 
 class EmbeddedStack:
@@ -54,21 +94,16 @@ class EmbeddedStack:
 
     def state(self) -> StackState | None:
         try:
-            return StackState(**json.loads(self.state_path.read_text()))
-        except (OSError, ValueError, TypeError):
+            return StackState.parse(self.state_path.read_text())
+        except (OSError, ValueError, TypeError, KeyError):
             return None
 
     def running(self) -> StackState | None:
         """The state of a stack whose processes are all up, else None."""
         state = self.state()
-        if state is None:
+        if state is None or not state.nodes:
             return None
-        ok = (
-            alive(state.seaweed_pid, "weed")
-            and alive(state.broker_pid, "tansu")
-            and port_open(state.broker_port)
-            and port_open(state.postgres_port)
-        )
+        ok = all(n.running() for n in state.nodes) and port_open(state.postgres_port)
         return state if ok else None
 
     @contextmanager
@@ -81,32 +116,11 @@ class EmbeddedStack:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _secret(self) -> str:
-        path = self.home / "s3.secret"
-        if not path.exists():
-            path.write_text(secrets.token_hex(16))
-            path.chmod(0o600)
-        return path.read_text().strip()
-
-    def _seaweed_ports(self, previous: StackState | None) -> SeaweedPorts:
-        if previous is None:
-            return _fresh_seaweed_ports(
-                avoid={self.settings.broker_port, self.settings.postgres_port}
-            )
-        # SeaweedFS records its servers' addresses in its data: keep the ports it had.
-        ports = SeaweedPorts(**previous.seaweed_ports)
-        for port in (ports.master, ports.volume, ports.filer, ports.s3):
-            for wanted in (port, ports.grpc(port)):
-                if not port_free(wanted):
-                    raise StackError(
-                        f"port {wanted}, which this stack's storage uses, is taken by another "
-                        f"process; free it, or remove {self.home} to start over without its data"
-                    )
-        return ports
-
     def up(self) -> StackState:
         """Start whatever is not running; data from earlier runs is kept. Idempotent.
         If a part fails to start, the parts this call started are stopped again."""
+        kafka_dist.install()
+        kafka_dist.java_binary()
         with self._locked():
             previous = self.state()
             undo: list[Callable[[], None]] = []
@@ -117,21 +131,53 @@ class EmbeddedStack:
                     action()
                 raise
 
+    def _layout(self, previous: StackState | None) -> tuple[str, list[NodeState]]:
+        """The cluster id and the nodes' ports: those of the data here, else new ones."""
+        if previous is not None and len(previous.nodes) == self.settings.kafka_nodes:
+            return previous.cluster_id, list(previous.nodes)
+        if (self.home / "kafka").exists():
+            raise StackError(
+                f"{self.home} holds a Kafka cluster of another size than the "
+                f"{self.settings.kafka_nodes} node(s) asked for (or its stack.json is gone); "
+                f"remove {self.home / 'kafka'} to start over without its data"
+            )
+        avoid = {self.settings.broker_port, self.settings.postgres_port}
+        ports = [self.settings.broker_port]
+        while len(ports) < 2 * self.settings.kafka_nodes:
+            port = pick_port(20_000, 32_000)
+            if port not in avoid and port not in ports:
+                ports.append(port)
+        count = self.settings.kafka_nodes
+        client_ports, controller_ports = ports[:count], ports[count:]
+        nodes = [
+            NodeState(node_id=i + 1, port=client_ports[i], controller_port=controller_ports[i])
+            for i in range(count)
+        ]
+        cluster_id = uuid.uuid4().bytes
+        return _kafka_id(cluster_id), nodes
+
     def _up(self, previous: StackState | None, undo: list[Callable[[], None]]) -> StackState:
-        secret = self._secret()
-        if previous is not None and alive(previous.seaweed_pid, "weed"):
-            ports = SeaweedPorts(**previous.seaweed_ports)
-            seaweed_pid = previous.seaweed_pid
-        else:
-            ports = self._seaweed_ports(previous)
-            seaweed_pid = seaweed.start(self.home, ports, secret)
-            undo.append(lambda: seaweed.stop_server(seaweed_pid))
-        if previous is not None and alive(previous.broker_pid, "tansu"):
-            broker_pid, broker_port = previous.broker_pid, previous.broker_port
-        else:
-            broker_port = self.settings.broker_port
-            broker_pid = broker.start(self.home, broker_port, ports.s3, secret)
-            undo.append(lambda: broker.stop_broker(broker_pid))
+        cluster_id, nodes = self._layout(previous)
+        cluster = [n.node for n in nodes]
+        to_start = [n for n in nodes if not n.running()]
+        for stopped in to_start:
+            for port in (stopped.port, stopped.controller_port):
+                if not port_free(port):
+                    raise StackError(
+                        f"port {port}, which Kafka node {stopped.node_id} of this stack uses, is "
+                        f"taken by another process; free it (or `agl-stream down` the stack "
+                        f"that holds it), or remove {self.home} to start over without its data"
+                    )
+        for node in cluster:
+            kafka_node.write_config(node, cluster, self.home)
+        kafka_node.format_storage(cluster, self.home, cluster_id)
+        pids = {n.node_id: n.pid for n in nodes if n.pid}
+        for stopped in to_start:
+            pid = kafka_node.start(stopped.node, self.home)
+            pids[stopped.node_id] = pid
+            undo.append(lambda pid=pid: kafka_node.stop_node(pid))  # type: ignore[misc]
+        nodes = [replace(n, pid=pids[n.node_id]) for n in nodes]
+        kafka_node.wait_ready({n.node_id: pids[n.node_id] or 0 for n in nodes}, cluster, self.home)
         if postgres.running(self.home) and previous is not None:
             postgres_port = previous.postgres_port
         else:
@@ -140,41 +186,44 @@ class EmbeddedStack:
             postgres.start(self.home, postgres_port)
         state = StackState(
             home=str(self.home),
-            broker_port=broker_port,
-            broker_pid=broker_pid,
             postgres_port=postgres_port,
-            seaweed_pid=seaweed_pid,
-            seaweed_ports={k: v for k, v in asdict(ports).items() if k != "grpc_offset"},
+            cluster_id=cluster_id,
+            nodes=tuple(nodes),
         )
-        self.state_path.write_text(json.dumps(asdict(state), indent=2))
+        self._save(state)
+        return state
+
+    def _save(self, state: StackState) -> None:
+        raw = asdict(state)
+        self.state_path.write_text(json.dumps(raw, indent=2))
         (self.home / "env").write_text(
             "".join(f"export {k}={v}\n" for k, v in state.environment().items())
         )
-        return state
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one Kafka node (fault injection); `up` starts it again with its data."""
+        state = self.state()
+        if state is None:
+            raise StackError(f"no stack under {self.home}")
+        pid = state.node(node_id).pid
+        if alive(pid, "java"):
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            while alive(pid):
+                pass
 
     def down(self) -> bool:
         """Stop everything; False when nothing was running. Data stays for the next `up`."""
         with self._locked():
             state = self.state()
-            was_running = bool(
-                state and (alive(state.broker_pid) or alive(state.seaweed_pid))
-            ) or postgres.running(self.home)
+            was_running = bool(state and any(alive(n.pid) for n in state.nodes))
+            was_running = postgres.running(self.home) or was_running
             if state is not None:
-                # The broker first, so nothing is mid-write when its storage goes away.
-                broker.stop_broker(state.broker_pid)
-                seaweed.stop_server(state.seaweed_pid)
+                kafka_node.stop_nodes([n.pid for n in state.nodes])
             postgres.stop(self.home)
             return was_running
 
 
-def _fresh_seaweed_ports(avoid: set[int]) -> SeaweedPorts:
-    # Below the kernel's ephemeral range (32768+), gRPC ports included, so that a client
-    # socket never sits on a port SeaweedFS wants after a restart.
-    picked: set[int] = set()
-    while len(picked) < 4:
-        port = pick_port(10_000, 22_000)
-        taken = picked | avoid
-        if port not in taken and port + 10_000 not in avoid and port_free(port + 10_000):
-            picked.add(port)
-    master, volume, filer, s3 = sorted(picked)
-    return SeaweedPorts(master=master, volume=volume, filer=filer, s3=s3)
+def _kafka_id(raw: bytes) -> str:
+    """A cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.db.migrate import create_read_model
-from agl_stream.kafka import consumer, end_offsets
+from agl_stream.kafka import admin_client, consumer, end_offsets
 from agl_stream.projection.apply import CONVERTERS, Applied, Projection
 from agl_stream.projection.projector import PROJECTED_TOPICS
 from agl_stream.projection.store import Partition, connect
@@ -87,7 +87,7 @@ async def replay(
     try:
         projection = Projection(conn, name, follow_active=False)
         async with consumer(kafka) as reader:
-            tps = await _partitions(reader, topics)
+            tps = await _partitions(kafka, topics)
             reader.assign(tps)
             for tp in tps:
                 reader.seek(tp, 0)
@@ -138,6 +138,8 @@ class _Rounds:
             self.dead_letters += batch.dead_lettered
             for tp in list(open_):
                 position = positions.get((tp.topic, tp.partition)) or 0
+                if position < targets[tp]:  # only markers left (no record): the reader is past
+                    position = max(position, await self.stream.position(tp))
                 if position >= targets[tp] or tp in finished:
                     open_.discard(tp)
                     self.reader.pause(tp)
@@ -168,13 +170,14 @@ class _Rounds:
         return finished
 
 
-async def _partitions(reader: AIOKafkaConsumer, topics: Topics) -> list[TopicPartition]:
-    await reader.topics()  # fetches metadata of every topic
+async def _partitions(kafka: KafkaSettings, topics: Topics) -> list[TopicPartition]:
+    names = [topics.name(short) for short in PROJECTED_TOPICS]
+    async with admin_client(kafka) as admin:
+        described = {t["topic"]: t for t in await admin.describe_topics(names)}
     out: list[TopicPartition] = []
-    for short in PROJECTED_TOPICS:
-        name = topics.name(short)
-        partitions = reader.partitions_for_topic(name) or set()
-        out.extend(TopicPartition(name, p) for p in sorted(partitions))
+    for name in names:
+        partitions = described.get(name, {}).get("partitions", [])
+        out.extend(TopicPartition(name, n) for n in sorted(p["partition"] for p in partitions))
     return out
 
 

@@ -18,7 +18,7 @@ from agl_stream.agent.emit import emit_reward
 from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
 from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
 from agl_stream.gateway.proxy import Gateway
-from agl_stream.streams import EventPublisher
+from agl_stream.streams import Sender
 
 ATTEMPT_SPAN = "agl.attempt"
 WATCH_INTERVAL = 0.05
@@ -60,7 +60,7 @@ async def execute(
     task: RolloutQueued,
     rollout: Rollout,
     resources: NamedResources,
-    publisher: EventPublisher,
+    publisher: Sender,
     handle: AttemptHandle,
     flush_seconds: float = 0.2,
     gateway: Gateway | None = None,

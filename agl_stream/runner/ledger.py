@@ -29,6 +29,11 @@ class RolloutState:
     finished: dict[int, AttemptFinished] = field(default_factory=dict)
     queued_numbers: set[int] = field(default_factory=set)
     cancel: RolloutCancelled | None = None
+    # Where on the rollouts partition the facts above are (None: not known, e.g. written
+    # by this runner in a transaction not committed yet): a plan that relies on a fact
+    # tells the commit how far back the next owner must fold (see offsets.py).
+    terminal_at: int | None = None
+    finished_at: dict[int, int | None] = field(default_factory=dict)
 
 
 class Action(Enum):
@@ -42,6 +47,9 @@ class Action(Enum):
 class Plan:
     action: Action
     finished: AttemptFinished | None = None  # for DECIDE: the attempt to decide on
+    # The rollouts offset of the fact the plan relies on (SKIP of a finished rollout,
+    # DECIDE); None when it relies on none there, or on one whose offset is not known yet.
+    relies_on: int | None = None
 
 
 @dataclass
@@ -51,12 +59,19 @@ class Ledger:
     def state(self, rollout_id: str) -> RolloutState:
         return self.rollouts.setdefault(rollout_id, RolloutState())
 
-    def apply(self, event: Event) -> None:
-        """Fold one lifecycle event (rollouts topic) or task record (tasks topic)."""
+    def apply(self, event: Event, offset: int | None = None) -> None:
+        """Fold one lifecycle event (rollouts topic, at `offset` when known) or task record
+        (tasks topic)."""
         if isinstance(event, RolloutFinished):
-            self.state(event.rollout_id).terminal = event.status
+            state = self.state(event.rollout_id)
+            if state.terminal is None:
+                state.terminal = event.status
+            state.terminal_at = _earliest(state.terminal_at, offset)
         elif isinstance(event, AttemptFinished):
-            self.state(event.rollout_id).finished[event.attempt_number] = event
+            state = self.state(event.rollout_id)
+            state.finished[event.attempt_number] = event
+            earlier = state.finished_at.get(event.attempt_number)
+            state.finished_at[event.attempt_number] = _earliest(earlier, offset)
         elif isinstance(event, RolloutQueued):
             self.state(event.rollout_id).queued_numbers.add(event.attempt_number)
         elif isinstance(event, RolloutCancelled):
@@ -67,15 +82,28 @@ class Ledger:
     def plan(self, task: RolloutQueued, running: Container[tuple[str, int]]) -> Plan:
         """What to do with a queued rollout record now."""
         state = self.rollouts.get(task.rollout_id, RolloutState())
-        if state.terminal is not None or (task.rollout_id, task.attempt_number) in running:
+        if state.terminal is not None:
+            return Plan(Action.SKIP, relies_on=state.terminal_at)
+        if (task.rollout_id, task.attempt_number) in running:
             return Plan(Action.SKIP)
         if state.cancel is not None:
             return Plan(Action.CANCEL)
         done = state.finished.get(task.attempt_number)
         if done is None:
             return Plan(Action.RUN)
+        relies_on = state.finished_at.get(task.attempt_number)
         later = any(n > task.attempt_number for n in state.queued_numbers | set(state.finished))
-        return Plan(Action.SKIP) if later else Plan(Action.DECIDE, done)
+        return (
+            Plan(Action.SKIP, relies_on=relies_on)
+            if later
+            else Plan(Action.DECIDE, done, relies_on)
+        )
+
+
+def _earliest(known: int | None, offset: int | None) -> int | None:
+    if known is None:
+        return offset
+    return known if offset is None else min(known, offset)
 
 
 def cancelled_error(cancel: RolloutCancelled) -> ErrorInfo:

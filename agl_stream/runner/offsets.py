@@ -1,5 +1,12 @@
-"""Which offset a runner may commit on a partition: never past the lowest unfinished record,
-so a runner that dies loses nothing and the next owner re-runs exactly what was unfinished."""
+"""Which offset a runner may commit on a partition, and from where the next owner must fold
+the rollouts partition. Pure bookkeeping, no I/O.
+
+The commit never passes the lowest unfinished record, so a runner that dies loses nothing
+and the next owner re-runs exactly what was unfinished. With the offset goes the rollouts
+offset its fold must start from: the earliest rollouts event that any record at or above the
+committed offset relies on (its own first event, or the fact its plan was made from). The
+fold therefore reads what is still relevant, not the partition's whole history.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,35 @@ from dataclasses import dataclass, field
 
 @dataclass
 class PartitionProgress:
-    """Records of one partition in flight. Pure bookkeeping, no I/O."""
+    """Records of one tasks partition: in flight, handled, and what they rely on."""
 
     in_flight: set[int] = field(default_factory=set)
     next_offset: int | None = None  # one past the highest offset handed out
+    # task offset -> the rollouts offset the record relies on (None: its first event is
+    # not on the topic yet, so it will be at or after rollouts_end)
+    relies_on: dict[int, int | None] = field(default_factory=dict)
+    rollouts_end: int = 0  # one past the last rollouts event known committed
+    # What this owner inherited: records below `inherited_until` (the tasks end when it
+    # took over) may have been handled by an earlier owner and rely on `inherited_from`.
+    inherited_from: int = 0
+    inherited_until: int = 0
 
-    def started(self, offset: int) -> None:
+    def started(self, offset: int, relies_on: int | None = None) -> None:
         self.in_flight.add(offset)
+        self.handled(offset, relies_on)
+
+    def handled(self, offset: int, relies_on: int | None) -> None:
+        """A record was planned (run, skipped, decided); `relies_on` as in Plan."""
+        self.relies_on[offset] = relies_on
         if self.next_offset is None or offset + 1 > self.next_offset:
             self.next_offset = offset + 1
+
+    def wrote(self, task_offset: int | None, rollouts_offset: int) -> None:
+        """An event landed on the rollouts partition (committed); for a record, its first
+        such event is what it relies on from now on."""
+        self.rollouts_end = max(self.rollouts_end, rollouts_offset + 1)
+        if task_offset is not None and self.relies_on.get(task_offset, 0) is None:
+            self.relies_on[task_offset] = rollouts_offset
 
     def advance(self, next_offset: int) -> None:
         """Everything below next_offset was read (records that needed no work included)."""
@@ -31,6 +58,20 @@ class PartitionProgress:
         if self.in_flight:
             return min(self.in_flight)
         return self.next_offset
+
+    def checkpoint(self) -> tuple[int, int] | None:
+        """(tasks offset to commit, rollouts offset the next owner folds from); forgets
+        what records below the commit relied on."""
+        position = self.commit_position()
+        if position is None:
+            return None
+        for offset in [o for o in self.relies_on if o < position]:
+            del self.relies_on[offset]
+        starts = [self.rollouts_end]
+        if position < self.inherited_until:
+            starts.append(self.inherited_from)
+        starts += [self.rollouts_end if r is None else r for r in self.relies_on.values()]
+        return position, min(starts)
 
     @property
     def busy(self) -> int:

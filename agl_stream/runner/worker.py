@@ -5,8 +5,12 @@
 - A partition's offset is committed only up to its lowest unfinished record: a runner killed
   at any instant loses nothing; the next owner runs the unfinished records again as new
   attempts.
-- Before it runs a partition's records, the owner folds that partition of the rollouts
-  topic (partitioned like tasks), so what already finished is not run again.
+- Everything a partition's records cause is written through that partition's lane (a
+  transactional producer, see lane.py) together with the partition's offset: a new owner
+  fences the old one, so a runner cut off from its group cannot publish after the takeover.
+- Before it handles any record of a newly assigned partition, the owner fences the previous
+  writer and folds the co-partitioned rollouts partition from the offset committed with the
+  tasks offset, so what already finished is not run again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import RecordMetadata
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
@@ -43,13 +47,21 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.gateway.proxy import Gateway
-from agl_stream.kafka import consumer, producer
+from agl_stream.kafka import admin_client, consumer, end_offsets, producer
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
+from agl_stream.runner.lane import Checkpoint, Lane, LaneClosed, committed_checkpoint
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
 from agl_stream.runner.resources import ResourceCache, follow_resources
-from agl_stream.streams import ConsumedEvent, EventPublisher, EventStream, Topics, read_partitions
+from agl_stream.streams import (
+    Batch,
+    ConsumedEvent,
+    EventPublisher,
+    EventStream,
+    Topics,
+    read_partition_from,
+)
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -77,14 +89,24 @@ class RunnerConfig:
     commit_seconds: float = 0.5
     # How long an attempt waits for a pinned resources version the runner has not seen yet.
     pin_wait_seconds: float = 10.0
-    # Batching: every produce request is a write on the broker's storage; a short linger
-    # collects the spans and lifecycle events of many concurrent attempts into one.
+    # Batching: a short linger collects the spans and lifecycle events of many concurrent
+    # attempts into one produce request.
     linger_ms: int = 10
+    # How often each partition's lane commits a transaction (events and offset together).
+    transaction_seconds: float = 0.05
     # The LLM gateway in this process: agents' LLM resources point at it (per-attempt URLs),
     # it records every call into the attempt. Port 0: any free port.
     gateway: bool = True
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A task record being worked on: where it is."""
+
+    tp: TopicPartition
+    offset: int
 
 
 @dataclass
@@ -123,7 +145,10 @@ class Runner:
         self._producer: AIOKafkaProducer | None = None
         self._publisher: EventPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._committed: dict[TopicPartition, int] = {}
+        self.lanes: dict[TopicPartition, Lane] = {}
+        self._unsettled: set[TopicPartition] = set()
+        # Records below the committed offset found at takeover are done: not handled again.
+        self._floors: dict[TopicPartition, int] = {}
         self.gateway: Gateway | None = None
 
     @property
@@ -157,22 +182,33 @@ class Runner:
                     max_poll_interval_ms=30_000,
                 ) as tasks_consumer:
                     self._consumer = tasks_consumer
-                    tasks_consumer.subscribe([self.topics.name("tasks")], listener=_Rebalance(self))
+                    self._subscribe()
                     stream = EventStream(tasks_consumer, prod, self.topics, self.group_id)
                     await self._loop(stream, stop)
                     await self._shut_down()
             finally:
                 heartbeats.cancel()
                 resources.cancel()
+                for lane in self.lanes.values():
+                    await lane.close()
                 if self.gateway is not None:
                     await self.gateway.stop()
                 await self._heartbeat(WorkerStatus.STOPPED)
 
     # -- the loop -------------------------------------------------------------------------
 
+    def _subscribe(self) -> None:
+        assert self._consumer is not None
+        self._consumer.subscribe([self.topics.name("tasks")], listener=_Rebalance(self))
+
     async def _loop(self, stream: EventStream, stop: asyncio.Event) -> None:
         last_commit = time.monotonic()
         while not stop.is_set():
+            if any(not lane.alive for lane in self.lanes.values()):
+                await self._rejoin()
+            if time.monotonic() - last_commit >= self.config.commit_seconds:
+                self.commit()
+                last_commit = time.monotonic()
             free = self.config.concurrency - len(self.in_flight)
             consumer_ = self._consumer
             assert consumer_ is not None
@@ -185,6 +221,10 @@ class Runner:
                 continue
             consumer_.resume(*consumer_.paused())
             batch = await stream.next_batch(timeout_ms=200, max_records=free)
+            # Partitions assigned since the last batch are settled (fenced, folded) before
+            # any of their records is looked at: the batch may already hold some.
+            await self._settle()
+            self._drop_below_floors(batch)
             # A cancel later in the batch stops a rollout queued earlier in it from starting.
             for item in batch:
                 if isinstance(item.event, RolloutCancelled):
@@ -192,16 +232,16 @@ class Runner:
             for item in batch:
                 self._handle(item)
             for tp, next_offset in batch.next_offsets.items():
-                self._progress(tp).advance(next_offset)
-            if time.monotonic() - last_commit >= self.config.commit_seconds:
-                await self.commit()
-                last_commit = time.monotonic()
+                if tp in self.progress:
+                    self.progress[tp].advance(next_offset)
 
     def _progress(self, tp: TopicPartition) -> PartitionProgress:
         return self.progress.setdefault(tp, PartitionProgress())
 
     def _handle(self, item: ConsumedEvent) -> None:
         tp = TopicPartition(item.topic, item.partition)
+        if tp not in self.lanes:
+            return  # revoked meanwhile: the next owner reads it again
         event = item.event
         self.ledger.apply(event)
         if isinstance(event, RolloutCancelled):
@@ -211,23 +251,26 @@ class Runner:
             return
         assert isinstance(event, RolloutQueued)
         plan = self.ledger.plan(event, self.in_flight.keys())
+        progress = self._progress(tp)
         if plan.action is Action.SKIP:
+            progress.handled(item.offset, plan.relies_on)
             self.counts["skipped"] += 1
             return
-        self._progress(tp).started(item.offset)
+        progress.started(item.offset, plan.relies_on)
+        claim = Claim(tp, item.offset)
         work: Coroutine[Any, Any, None]
         key = (event.rollout_id, event.attempt_number)
         if plan.action is Action.RUN:
-            work = self._attempt(key, item.offset, event)
+            work = self._attempt(key, claim, event)
         elif plan.action is Action.CANCEL:
             cancel = self.ledger.state(event.rollout_id).cancel
             assert cancel is not None
-            work = self._end(event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
+            work = self._end(claim, event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
         else:
             assert plan.finished is not None
             finished = plan.finished
             outcome = Outcome(finished.status, finished.error, finished.reward, finished.span_count)
-            work = self._apply_decision(event, finished.attempt_id, outcome)
+            work = self._apply_decision(claim, event, finished.attempt_id, outcome)
         job = asyncio.create_task(self._job(key, tp, item.offset, work))
         self.in_flight[key] = InFlight(tp, item.offset, event, job)
 
@@ -241,6 +284,11 @@ class Runner:
         except asyncio.CancelledError:
             self.in_flight.pop(key, None)  # handed back: the next owner runs it again
             raise
+        except LaneClosed as exc:
+            # Fenced or failed: what it sent is not on the topics; the partition is rejoined.
+            log.warning("rollout %s attempt %s abandoned: %s", *key, exc)
+            self.in_flight.pop(key, None)
+            self.counts["abandoned"] += 1
         except Exception:
             # Not finished: the offset stays uncommitted and the record runs again after a
             # restart or a rebalance.
@@ -257,16 +305,32 @@ class Runner:
 
     # -- one rollout record -----------------------------------------------------------------
 
-    async def _publish(self, *events: tuple[str, Event]) -> None:
-        """Send in order (one partition keeps the order), then wait until all are on the
-        broker; what lands on the lifecycle and tasks topics updates the ledger."""
-        pending = [await self.publisher.send(topic, event) for topic, event in events]
-        await asyncio.gather(*pending)
-        for topic, event in events:
-            if topic in ("rollouts", "tasks"):
-                self.ledger.apply(event)
+    async def _publish(self, claim: Claim, *events: tuple[str, Event]) -> None:
+        """Send through the partition's lane in order (one transaction keeps the order), then
+        wait until all are committed; what lands on the lifecycle and tasks topics updates
+        the ledger, and the rollouts offsets tell the commit where the record's facts are."""
+        lane = self._lane(claim)
+        pending = [await lane.send(topic, event) for topic, event in events]
+        landed = await asyncio.gather(*pending)
+        for (topic, event), meta in zip(events, landed, strict=True):
+            self._landed(claim, topic, event, meta)
 
-    async def _attempt(self, key: tuple[str, int], offset: int, task: RolloutQueued) -> None:
+    def _landed(self, claim: Claim, topic: str, event: Event, meta: RecordMetadata) -> None:
+        if topic == "rollouts":
+            self.ledger.apply(event, meta.offset)
+            progress = self.progress.get(claim.tp)
+            if progress is not None:
+                progress.wrote(claim.offset, meta.offset)
+        elif topic == "tasks":
+            self.ledger.apply(event)
+
+    def _lane(self, claim: Claim) -> Lane:
+        lane = self.lanes.get(claim.tp)
+        if lane is None:
+            raise LaneClosed(f"{claim.tp} is no longer this runner's")
+        return lane
+
+    async def _attempt(self, key: tuple[str, int], claim: Claim, task: RolloutQueued) -> None:
         attempt_id = uuid.uuid4().hex
         try:
             version = self.resources.resolve(task.resources_id)
@@ -281,15 +345,14 @@ class Runner:
             resources_id=version.resources_id if version else None,
             metadata=task.metadata,
         )
-        # Not waited for here: the partition keeps it ahead of AttemptFinished, which waits.
-        started = await self.publisher.send(
-            "rollouts",
-            AttemptStarted(
-                rollout_id=task.rollout_id, attempt_id=attempt_id,
-                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
-                resources_id=rollout.resources_id, task_offset=offset,
-            ),
+        lane = self._lane(claim)
+        # Not waited for here: the lane keeps it ahead of AttemptFinished, which waits.
+        started_event = AttemptStarted(
+            rollout_id=task.rollout_id, attempt_id=attempt_id,
+            attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+            resources_id=rollout.resources_id, task_offset=claim.offset,
         )  # fmt: skip
+        started = await lane.send("rollouts", started_event)
         if task.resources_id is not None and version is None:
             message = f"no resources version {task.resources_id!r} has been published"
             error = ErrorInfo(type="UnknownResources", message=message)
@@ -298,10 +361,10 @@ class Runner:
             resources = dict(version.resources) if version else {}
             handle = self.in_flight[key].handle
             outcome = await execute(
-                self.config.agent, task, rollout, resources, self.publisher, handle,
+                self.config.agent, task, rollout, resources, lane, handle,
                 gateway=self.gateway,
             )  # fmt: skip
-        await started
+        self._landed(claim, "rollouts", started_event, await started)
         finished = AttemptFinished(
             rollout_id=task.rollout_id, attempt_id=attempt_id,
             attempt_number=task.attempt_number, worker_id=self.config.worker_id,
@@ -310,12 +373,15 @@ class Runner:
         )  # fmt: skip
         self.counts[f"attempts_{outcome.status.value}"] += 1
         if outcome.cancelled:
-            await self._end(task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished)
+            await self._end(
+                claim, task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished
+            )
         else:
-            await self._apply_decision(task, attempt_id, outcome, finished)
+            await self._apply_decision(claim, task, attempt_id, outcome, finished)
 
     async def _apply_decision(
         self,
+        claim: Claim,
         task: RolloutQueued,
         attempt_id: str,
         outcome: Outcome,
@@ -329,14 +395,15 @@ class Runner:
             # is on the broker (else a crash between could leave a retry of an attempt that
             # the next owner would run again).
             if first:
-                await self._publish(*first)
-            await self._publish(("tasks", decision.queued))
+                await self._publish(claim, *first)
+            await self._publish(claim, ("tasks", decision.queued))
             self.counts["requeued"] += 1
         else:
-            await self._end(task, attempt_id, decision.status, decision.error, finished)
+            await self._end(claim, task, attempt_id, decision.status, decision.error, finished)
 
     async def _end(
         self,
+        claim: Claim,
         task: RolloutQueued,
         attempt_id: str | None,
         status: RolloutStatus,
@@ -349,41 +416,25 @@ class Runner:
             error=error,
         )  # fmt: skip
         first = [("rollouts", finished)] if finished is not None else []
-        await self._publish(*first, ("rollouts", end))
+        await self._publish(claim, *first, ("rollouts", end))
         self.counts[f"rollouts_{status.value}"] += 1
 
     # -- offsets, partitions ----------------------------------------------------------------
 
-    async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        """Commit each partition up to its lowest unfinished record. A commit the group
-        refuses (this runner was cut off and the group moved on without it) is given up:
-        the partition's next owner starts from the last commit and skips, from the
-        rollouts topic, what already finished, so nothing is lost or run twice."""
-        assert self._consumer is not None
-        assigned = self._consumer.assignment()
-        offsets = {}
+    def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Hand each partition's lane its offset (the lowest unfinished record) and the fold
+        start for the next owner; the lane's next transaction records them."""
         for tp, progress in self.progress.items():
-            position = progress.commit_position()
-            if (
-                position is not None
-                and (only is None or tp in only)
-                and tp in assigned
-                and self._committed.get(tp) != position
-            ):
-                offsets[tp] = position
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            self.counts["commits_refused"] += 1
-            log.warning("offsets not committed, the group has moved on: %s", exc)
-            return
-        self._committed.update(offsets)
+            lane = self.lanes.get(tp)
+            if lane is None or not lane.alive or (only is not None and tp not in only):
+                continue
+            checkpoint = progress.checkpoint()
+            if checkpoint is not None:
+                lane.commit(checkpoint[0], Checkpoint(checkpoint[1]))
 
     async def hand_back(self, revoked: set[TopicPartition]) -> None:
-        """Partitions are moving away: stop their attempts (the next owner runs them again)
-        and commit what finished."""
+        """Partitions are moving away: stop their attempts (the next owner runs them again),
+        commit what finished, and close their lanes."""
         jobs = [f.job for f in self.in_flight.values() if f.tp in revoked]
         if jobs:
             # A moment to finish (a rebalance revokes everything, even what stays with us).
@@ -391,30 +442,82 @@ class Runner:
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
-        if self._producer is not None:
-            # What a cancelled attempt already sent must be on the broker before the next
-            # owner reads the rollouts partition, or it would run a finished attempt again.
-            await self._producer.flush()
-        if self._consumer is not None:
-            await self.commit(only=revoked)
+        self.commit(only=revoked)
         for tp in revoked:
+            lane = self.lanes.pop(tp, None)
+            if lane is not None:
+                await lane.close()
             self.progress.pop(tp, None)
-            self._committed.pop(tp, None)
+            self._floors.pop(tp, None)
+            self._unsettled.discard(tp)
 
     async def take_over(self, assigned: set[TopicPartition]) -> None:
-        """Fold the co-partitioned rollouts partitions before running anything from them."""
-        rollouts = [TopicPartition(self.topics.name("rollouts"), tp.partition) for tp in assigned]
-        if not rollouts:
-            return
-        for event in await read_partitions(self.kafka, rollouts):
-            self.ledger.apply(event)
+        """New partitions are settled by the loop before their first record is handled (in
+        this callback the consumer may already be fetching them)."""
+        self._unsettled |= assigned
+
+    async def _settle(self) -> None:
+        assert self._consumer is not None
+        assignment = self._consumer.assignment()
+        for tp in sorted(self._unsettled):
+            if tp in assignment:
+                await self._settle_partition(tp)
+            self._unsettled.discard(tp)
+
+    async def _settle_partition(self, tp: TopicPartition) -> None:
+        """Fence the partition's previous writer, then fold what its records rely on."""
+        old = self.lanes.pop(tp, None)
+        if old is not None:
+            await old.close()
+        lane = Lane(
+            self.kafka, self.topics, self.group_id, tp.partition,
+            interval=self.config.transaction_seconds, linger_ms=self.config.linger_ms,
+        )  # fmt: skip
+        await lane.open()
+        self.lanes[tp] = lane
+        async with admin_client(self.kafka) as admin:
+            committed, checkpoint = await committed_checkpoint(admin, self.group_id, tp)
+        start = checkpoint.rollouts_from if checkpoint is not None else 0
+        rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
+        tasks_end = (await end_offsets(self.kafka, [tp]))[tp]
+        events, rollouts_end = await read_partition_from(self.kafka, rollouts, start)
+        for offset, event in events:
+            self.ledger.apply(event, offset)
+        self.counts["takeover_records_read"] += len(events)
+        self.progress[tp] = PartitionProgress(
+            rollouts_end=rollouts_end, inherited_from=start, inherited_until=tasks_end
+        )
+        if committed is not None:
+            # The consumer may have fetched from an older commit (the previous owner's last
+            # transaction committed after the group handed out its offsets).
+            self._floors[tp] = committed
+            assert self._consumer is not None
+            if await self._consumer.position(tp) < committed:
+                self._consumer.seek(tp, committed)
+
+    def _drop_below_floors(self, batch: Batch) -> None:
+        for tp, floor in self._floors.items():
+            events = batch.events.get(tp)
+            if events:
+                batch.events[tp] = [e for e in events if e.offset >= floor]
+
+    async def _rejoin(self) -> None:
+        """A lane failed (fenced by a new owner, or a transaction refused): give up every
+        partition and join the group again; what is still ours comes back with new lanes."""
+        failed = [str(tp) for tp, lane in self.lanes.items() if not lane.alive]
+        log.warning("rejoining the group: the lanes of %s failed", ", ".join(failed))
+        self.counts["rejoins"] += 1
+        await self.hand_back(set(self.progress) | set(self.lanes))
+        assert self._consumer is not None
+        self._consumer.unsubscribe()
+        self._subscribe()
 
     async def _shut_down(self) -> None:
         await self._heartbeat(WorkerStatus.STOPPING)
         jobs = [f.job for f in self.in_flight.values()]
         if jobs:
             await asyncio.wait(jobs, timeout=self.config.shutdown_grace_seconds)
-        await self.hand_back(set(self.progress))
+        await self.hand_back(set(self.progress) | set(self.lanes))
 
     # -- resources, heartbeats -----------------------------------------------------------------
 

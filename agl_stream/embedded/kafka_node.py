@@ -1,0 +1,182 @@
+"""One Apache Kafka node in KRaft mode (broker and controller in one JVM), as a background
+process; several of them, on loopback, make a cluster."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from agl_stream.embedded import kafka_dist
+from agl_stream.embedded.process import StackError, alive, spawn, stop, tail, wait_until
+
+# Sized for a 2-core, 24 GiB machine that also runs PostgreSQL, workers and a trainer: a
+# fixed 1 GiB heap (Kafka keeps records in the page cache, not the heap), G1 with short
+# pauses, and a JVM that exits on OutOfMemoryError instead of limping on.
+JVM_OPTIONS = (
+    "-Xms1g", "-Xmx1g",
+    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent", "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    node_id: int
+    port: int  # clients
+    controller_port: int  # the KRaft quorum
+
+    def data_dir(self, home: Path) -> Path:
+        return home / "kafka" / f"node-{self.node_id}"
+
+    def log(self, home: Path) -> Path:
+        return home / "logs" / f"kafka-{self.node_id}.log"
+
+
+def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode], home: Path) -> str:
+    """The node's server.properties (pure). Internal topics are replicated as widely as the
+    cluster allows, up to 3 with two in sync."""
+    size = len(cluster)
+    replicas = min(3, size)
+    in_sync = min(2, replicas)
+    voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in cluster)
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": node.node_id,
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": node.data_dir(home),
+        "offsets.topic.replication.factor": replicas,
+        "offsets.topic.num.partitions": 10,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
+        "transaction.state.log.num.partitions": 10,
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        # Topics come from `agl-stream topics apply`; a typo must not create one.
+        "auto.create.topics.enable": "false",
+        # A group forms as soon as its first member joins (tests and the demo start workers
+        # one after another; the 3 s default only delays the first assignment).
+        "group.initial.rebalance.delay.ms": 0,
+        "num.network.threads": 2,
+        "num.io.threads": 4,
+        "background.threads": 4,
+        "num.recovery.threads.per.data.dir": 2,
+        "unclean.leader.election.enable": "false",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _config_path(node: KafkaNode, home: Path) -> Path:
+    return home / "kafka" / f"node-{node.node_id}.properties"
+
+
+def write_config(node: KafkaNode, cluster: Sequence[KafkaNode], home: Path) -> Path:
+    path = _config_path(node, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(server_properties(node, cluster, home))
+    return path
+
+
+def formatted(node: KafkaNode, home: Path) -> bool:
+    return (node.data_dir(home) / "meta.properties").exists()
+
+
+def format_command(node: KafkaNode, home: Path, cluster_id: str) -> list[str]:
+    libs = kafka_dist.lib_dir()
+    return [
+        str(kafka_dist.java_binary()), f"-Dlog4j2.configurationFile={kafka_dist.LOG4J_CONFIG}",
+        "-cp", kafka_dist.classpath(libs), "kafka.tools.StorageTool", "format",
+        "--cluster-id", cluster_id, "--config", str(_config_path(node, home)), "--ignore-formatted",
+    ]  # fmt: skip
+
+
+def format_storage(nodes: Sequence[KafkaNode], home: Path, cluster_id: str) -> None:
+    """Format the nodes that have no storage yet (in parallel: each is a JVM start)."""
+    pending = [n for n in nodes if not formatted(n, home)]
+    running = [
+        (n, subprocess.Popen(format_command(n, home, cluster_id), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True))
+        for n in pending
+    ]  # fmt: skip
+    for node, process in running:
+        output, _ = process.communicate(timeout=120)
+        if process.returncode != 0:
+            raise StackError(
+                f"formatting Kafka node {node.node_id}'s storage failed: {output.strip()[-500:]}"
+            )
+
+
+def start(node: KafkaNode, home: Path) -> int:
+    libs = kafka_dist.lib_dir()
+    argv = [
+        str(kafka_dist.java_binary()), *JVM_OPTIONS,
+        f"-Dlog4j2.configurationFile={kafka_dist.LOG4J_CONFIG}",
+        f"-Dkafka.logs.dir={home / 'logs'}",
+        "-cp", kafka_dist.classpath(libs), "kafka.Kafka", str(_config_path(node, home)),
+    ]  # fmt: skip
+    return spawn(argv, node.log(home))
+
+
+def wait_ready(pids: dict[int, int], nodes: Sequence[KafkaNode], home: Path) -> None:
+    """Until every node serves Kafka requests and sees the whole cluster; StackError if one
+    exits meanwhile (with the end of its log) or it takes over 90 s."""
+    for node in nodes:
+        pid = pids[node.node_id]
+        log = node.log(home)
+        wait_until(
+            lambda node=node, pid=pid: brokers_seen(node.port) == len(nodes) or not alive(pid),
+            90, f"Kafka node {node.node_id}", log,
+        )  # fmt: skip
+        if not alive(pid):
+            raise StackError(
+                f"Kafka node {node.node_id} exited at start (is port {node.port} or "
+                f"{node.controller_port} taken?); the end of {log}:\n{tail(log, 8)}"
+            )
+
+
+def brokers_seen(port: int) -> int:
+    """How many brokers a Metadata request to this port lists (0 when it does not answer:
+    a starting node listens before it serves)."""
+    # Metadata v4: all topics (null array), no auto-creation; header v1.
+    request = struct.pack(">hhih", 3, 4, 7, 3) + b"agl" + struct.pack(">ib", -1, 0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            head = _read(sock, 4)
+            body = _read(sock, struct.unpack(">i", head)[0])
+    except (OSError, struct.error):
+        return 0
+    correlation, _throttle, brokers = struct.unpack(">iii", body[:12])
+    return brokers if correlation == 7 else 0
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("connection closed")
+        data += chunk
+    return data
+
+
+def stop_node(pid: int | None) -> None:
+    # A controlled shutdown moves partition leadership away first; 30 s covers it here.
+    stop(pid, grace_seconds=30, executable="java")
+
+
+def stop_nodes(pids: Sequence[int | None]) -> None:
+    """Stop a cluster's nodes together: one at a time, the last ones would wait for a
+    controller quorum that is already gone."""
+    with ThreadPoolExecutor(max_workers=max(1, len(pids))) as pool:
+        list(pool.map(stop_node, pids))
