@@ -277,6 +277,7 @@ def child_environment(
         **os.environ,
         "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
+        "AGL_STREAM_REPLICATION_FACTOR": str(kafka.replication_factor),
     }
     if database is not None:
         env["AGL_STREAM_DATABASE_URL"] = database.database_url.get_secret_value()

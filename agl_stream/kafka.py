@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from agl_stream.config import KafkaSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -83,3 +88,21 @@ async def end_offsets(
     async with consumer(settings) as client:
         result: dict[TopicPartition, int] = await client.end_offsets(wanted)
         return result
+
+
+async def retrying(attempt: Callable[[], Awaitable[T]], what: str, within: float = 60.0) -> T:
+    """Run `attempt` again while it fails with a retriable Kafka error (a node of the
+    cluster down for a moment, a coordinator or leader moving), with backoff, for up to
+    `within` seconds; then, or on any other error, raise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    delay = 0.2
+    while True:
+        try:
+            return await attempt()
+        except KafkaError as exc:
+            if not exc.retriable or loop.time() + delay > deadline:
+                raise
+            log.warning("%s failed (%r); trying again in %.1f s", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)

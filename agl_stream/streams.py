@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from agl_stream.codec import Codec, Datum, DecodeError
@@ -157,6 +158,7 @@ class EventStream:
         self._name = consumer_name
         self._codec = codec or Codec()
         self._converters = dict(converters or {})
+        self._after: dict[TopicPartition, int] = {}
 
     async def next_batch(self, timeout_ms: int = 1000, max_records: int | None = None) -> Batch:
         records = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
@@ -164,7 +166,11 @@ class EventStream:
         pending: list[asyncio.Future[RecordMetadata]] = []
         for tp, items in records.items():
             if items:
-                batch.first_offsets[tp] = items[0].offset
+                # Where this read started: right after the last batch (unless a seek moved
+                # it), which is below the first record when non-records lie between them.
+                after = self._after.get(tp)
+                started = after if after is not None and after <= items[0].offset else None
+                batch.first_offsets[tp] = items[0].offset if started is None else started
             good: list[ConsumedEvent] = []
             converted: list[Converted] = []
             for record in items:
@@ -181,8 +187,10 @@ class EventStream:
             if items:
                 # Past what follows the last record and is no record of its own
                 # (transaction markers, aborted records): the reader's position.
-                position = await self._consumer.position(tp)
-                batch.next_offsets[tp] = max(batch.next_offsets[tp], position)
+                with contextlib.suppress(IllegalStateError):  # revoked meanwhile
+                    position = await self._consumer.position(tp)
+                    batch.next_offsets[tp] = max(batch.next_offsets[tp], position)
+                self._after[tp] = batch.next_offsets[tp]
             if good:
                 batch.events[tp] = good
             if converted:
@@ -191,6 +199,16 @@ class EventStream:
             await asyncio.gather(*pending)
             batch.dead_lettered += len(pending)
         return batch
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read the partition from `offset` on (use this rather than the consumer's seek, so
+        the next batch knows where its read started)."""
+        self._consumer.seek(tp, offset)
+        self._after[tp] = offset
+
+    def forget(self, tp: TopicPartition) -> None:
+        """Where the partition's next read starts is not known (a seek to its beginning)."""
+        self._after.pop(tp, None)
 
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record this stream reads from the partition."""

@@ -12,7 +12,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import IncompatibleBrokerVersion, for_code
 
 from agl_stream.config import KafkaSettings
-from agl_stream.kafka import admin_client
+from agl_stream.kafka import admin_client, retrying
 from agl_stream.topic_spec import (
     CONFIG_KEYS,
     Drift,
@@ -170,7 +170,8 @@ async def ensure_topics_ready(settings: KafkaSettings, short_names: Iterable[str
     """Refuse to start a worker whose topics are missing or wrong (raises TopicsNotReady)."""
     specs = load_topic_specs()
     needed = [specs[name] for name in short_names]
-    observed = await observe_topics(settings, [s.full_name(settings.topic_prefix) for s in needed])
+    names = [s.full_name(settings.topic_prefix) for s in needed]
+    observed = await retrying(lambda: observe_topics(settings, names), "reading the topics")
     problems = readiness_problems(
         needed, observed, settings.topic_prefix, settings.replication_factor
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,18 +58,54 @@ def topics_dir() -> Path:
     return Path(str(resources.files("agl_stream.topics")))
 
 
-def load_topic_specs(directory: Path | None = None) -> dict[str, TopicSpec]:
-    """Every topics/*.toml, by short name; raises TopicSpecError naming the bad file."""
+OVERRIDES_ENV = "AGL_STREAM_TOPICS_DIR"
+# What a deployment may set per topic; the rest (key, events, cleanup policy) is the
+# contract the code relies on.
+OVERRIDABLE = frozenset({"partitions", "retention_ms", "compression"})
+
+
+def overrides_dir() -> Path | None:
+    """A deployment's folder of topic overrides (AGL_STREAM_TOPICS_DIR), if set."""
+    value = os.environ.get(OVERRIDES_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def load_topic_specs(
+    directory: Path | None = None, overrides: Path | None = None
+) -> dict[str, TopicSpec]:
+    """Every topics/*.toml, by short name, with a deployment's overrides applied (files in
+    `overrides`, default AGL_STREAM_TOPICS_DIR: `name` and any of partitions, retention_ms,
+    compression); raises TopicSpecError naming the bad file and setting."""
     directory = directory or topics_dir()
-    specs: dict[str, TopicSpec] = {}
+    overrides = overrides if overrides is not None else overrides_dir()
+    raw: dict[str, tuple[Path, dict[str, object]]] = {}
     for path in sorted(directory.glob("*.toml")):
+        data = _read(path)
+        name = str(data.get("name"))
+        if name in raw:
+            raise TopicSpecError(f"{path}: topic {name!r} is defined twice")
+        raw[name] = (path, data)
+    if overrides is not None:
+        if not overrides.is_dir():
+            raise TopicSpecError(f"{OVERRIDES_ENV}={overrides} is not a directory")
+        for path in sorted(overrides.glob("*.toml")):
+            data = _read(path)
+            name = str(data.pop("name", path.stem))
+            if name not in raw:
+                raise TopicSpecError(f"{path}: overrides topic {name!r}, which is not defined")
+            refused = sorted(set(data) - OVERRIDABLE)
+            if refused:
+                raise TopicSpecError(
+                    f"{path}: {', '.join(refused)} cannot be set per deployment (only "
+                    f"{', '.join(sorted(OVERRIDABLE))})"
+                )
+            raw[name] = (path, {**raw[name][1], **data})
+    specs: dict[str, TopicSpec] = {}
+    for name, (path, data) in raw.items():
         try:
-            spec = TopicSpec.model_validate(tomllib.loads(path.read_text()))
-        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            specs[name] = TopicSpec.model_validate(data)
+        except ValidationError as exc:
             raise TopicSpecError(f"{path}: {exc}") from exc
-        if spec.name in specs:
-            raise TopicSpecError(f"{path}: topic {spec.name!r} is defined twice")
-        specs[spec.name] = spec
     for spec in specs.values():
         partner = spec.co_partitioned_with
         if partner is None:
@@ -80,9 +117,16 @@ def load_topic_specs(directory: Path | None = None) -> dict[str, TopicSpec]:
         if specs[partner].partitions != spec.partitions or specs[partner].key != spec.key:
             raise TopicSpecError(
                 f"{spec.name} must have the same partitions and key as {partner}, "
-                "which it is co-partitioned with"
+                "which it is co-partitioned with (set both in the overrides)"
             )
     return specs
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TopicSpecError(f"{path}: {exc}") from exc
 
 
 @dataclass(frozen=True)

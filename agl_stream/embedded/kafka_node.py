@@ -3,6 +3,7 @@ process; several of them, on loopback, make a cluster."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import subprocess
@@ -168,6 +169,25 @@ def _read(sock: socket.socket, size: int) -> bytes:
             raise OSError("connection closed")
         data += chunk
     return data
+
+
+_ACTIVE = re.compile(r"\[QuorumController id=(\d+)\] Becoming the active controller at epoch (\d+)")
+
+
+def active_controller(nodes: Sequence[KafkaNode], home: Path) -> int | None:
+    """The node that became the active controller at the highest epoch, from the nodes'
+    logs (the Kafka protocol has no request for it that aiokafka speaks)."""
+    best: tuple[int, int] | None = None
+    for node in nodes:
+        try:
+            text = node.log(home).read_text(errors="replace")
+        except OSError:
+            continue
+        for match in _ACTIVE.finditer(text):
+            epoch, node_id = int(match[2]), int(match[1])
+            if best is None or epoch > best[0]:
+                best = (epoch, node_id)
+    return None if best is None else best[1]
 
 
 def stop_node(pid: int | None) -> None:

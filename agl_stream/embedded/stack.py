@@ -212,6 +212,13 @@ class EmbeddedStack:
             while alive(pid):
                 pass
 
+    def active_controller(self) -> int | None:
+        """The node id of the KRaft quorum's active controller (from the nodes' logs)."""
+        state = self.state()
+        if state is None:
+            return None
+        return kafka_node.active_controller([n.node for n in state.nodes], self.home)
+
     def down(self) -> bool:
         """Stop everything; False when nothing was running. Data stays for the next `up`."""
         with self._locked():

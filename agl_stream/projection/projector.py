@@ -65,6 +65,7 @@ class Projector:
         self.counts: Counter[str] = Counter()
         self._projection: Projection | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._stream: EventStream | None = None
         self._lock = asyncio.Lock()  # one transaction at a time (rebalance vs loop)
         self._group_offsets: dict[TopicPartition, int] = {}
         self._group_committed_at = 0.0
@@ -92,7 +93,7 @@ class Projector:
                 reader.subscribe(
                     [self.topics.name(t) for t in PROJECTED_TOPICS], listener=_Rebalance(self)
                 )
-                stream = EventStream(
+                stream = self._stream = EventStream(
                     reader, prod, self.topics, self.group_id, converters=CONVERTERS
                 )
                 beats = asyncio.create_task(self._heartbeats(publisher, stop))
@@ -176,11 +177,17 @@ class Projector:
         for tp in tps:
             key: Partition = (tp.topic, tp.partition)
             if key in stored:
-                reader.seek(tp, stored[key])
+                self.stream.seek(tp, stored[key])
                 positions[key] = stored[key]
             else:
                 await reader.seek_to_beginning(tp)
+                self.stream.forget(tp)
                 positions[key] = None
+
+    @property
+    def stream(self) -> EventStream:
+        assert self._stream is not None, "the projector's stream is not open"
+        return self._stream
 
     def lag(self) -> int:
         reader = self._consumer

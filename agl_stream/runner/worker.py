@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import RecordMetadata
 
 from agl_stream.agent.api import LitAgent, Rollout
@@ -47,7 +49,7 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.gateway.proxy import Gateway
-from agl_stream.kafka import admin_client, consumer, end_offsets, producer
+from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.lane import Checkpoint, Lane, LaneClosed, committed_checkpoint
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
@@ -102,6 +104,16 @@ class RunnerConfig:
 
 
 @dataclass(frozen=True)
+class Takeover:
+    """One partition taken over: how many rollouts records its fold read, and how long
+    settling it took (fencing, the checkpoint, the fold)."""
+
+    tp: TopicPartition
+    records_read: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Claim:
     """A task record being worked on: where it is."""
 
@@ -149,6 +161,7 @@ class Runner:
         self._unsettled: set[TopicPartition] = set()
         # Records below the committed offset found at takeover are done: not handled again.
         self._floors: dict[TopicPartition, int] = {}
+        self.takeovers: list[Takeover] = []
         self.gateway: Gateway | None = None
 
     @property
@@ -466,34 +479,56 @@ class Runner:
 
     async def _settle_partition(self, tp: TopicPartition) -> None:
         """Fence the partition's previous writer, then fold what its records rely on."""
+        began = time.monotonic()
         old = self.lanes.pop(tp, None)
         if old is not None:
             await old.close()
+        lane = await retrying(lambda: self._open_lane(tp), f"fencing {tp}")
+        self.lanes[tp] = lane
+        committed, checkpoint = await retrying(
+            lambda: self._committed_checkpoint(tp), f"reading the checkpoint of {tp}"
+        )
+        start = checkpoint.rollouts_from if checkpoint is not None else 0
+        rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
+        tasks_end = (await retrying(lambda: end_offsets(self.kafka, [tp]), f"the end of {tp}"))[tp]
+        events, rollouts_end = await retrying(
+            lambda: read_partition_from(self.kafka, rollouts, start), f"folding {rollouts}"
+        )
+        for offset, event in events:
+            self.ledger.apply(event, offset)
+        self.counts["takeover_records_read"] += len(events)
+        self.takeovers.append(Takeover(tp, len(events), time.monotonic() - began))
+        self.progress[tp] = PartitionProgress(
+            rollouts_end=rollouts_end, inherited_from=start, inherited_until=tasks_end
+        )
+        assert self._consumer is not None
+        if tp not in self._consumer.assignment():
+            # Revoked while it was being settled: the next owner settles it again.
+            self.lanes.pop(tp, None)
+            self.progress.pop(tp, None)
+            await lane.close()
+            return
+        if committed is not None:
+            # The consumer may have fetched from an older commit (the previous owner's last
+            # transaction committed after the group handed out its offsets).
+            self._floors[tp] = committed
+            with contextlib.suppress(IllegalStateError):  # revoked this instant
+                if await self._consumer.position(tp) < committed:
+                    self._consumer.seek(tp, committed)
+
+    async def _open_lane(self, tp: TopicPartition) -> Lane:
         lane = Lane(
             self.kafka, self.topics, self.group_id, tp.partition,
             interval=self.config.transaction_seconds, linger_ms=self.config.linger_ms,
         )  # fmt: skip
         await lane.open()
-        self.lanes[tp] = lane
+        return lane
+
+    async def _committed_checkpoint(
+        self, tp: TopicPartition
+    ) -> tuple[int | None, Checkpoint | None]:
         async with admin_client(self.kafka) as admin:
-            committed, checkpoint = await committed_checkpoint(admin, self.group_id, tp)
-        start = checkpoint.rollouts_from if checkpoint is not None else 0
-        rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
-        tasks_end = (await end_offsets(self.kafka, [tp]))[tp]
-        events, rollouts_end = await read_partition_from(self.kafka, rollouts, start)
-        for offset, event in events:
-            self.ledger.apply(event, offset)
-        self.counts["takeover_records_read"] += len(events)
-        self.progress[tp] = PartitionProgress(
-            rollouts_end=rollouts_end, inherited_from=start, inherited_until=tasks_end
-        )
-        if committed is not None:
-            # The consumer may have fetched from an older commit (the previous owner's last
-            # transaction committed after the group handed out its offsets).
-            self._floors[tp] = committed
-            assert self._consumer is not None
-            if await self._consumer.position(tp) < committed:
-                self._consumer.seek(tp, committed)
+            return await committed_checkpoint(admin, self.group_id, tp)
 
     def _drop_below_floors(self, batch: Batch) -> None:
         for tp, floor in self._floors.items():

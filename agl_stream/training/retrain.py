@@ -1,8 +1,7 @@
 """Which offsets an offline retrain reads: per partition of the trained topics, from a start
 offset (default: the beginning) to an end offset (default: the end now). Time bounds are
 applied to the records' broker timestamps as they are read (TrainerConfig.from_time and
-until_time): the embedded broker answers ListOffsets-by-time with offset 0, so offsets are
-not looked up by time."""
+until_time), so the range is the same whatever a broker's time index answers."""
 
 from __future__ import annotations
 

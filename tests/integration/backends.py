@@ -1,10 +1,10 @@
 """Where integration tests find a real broker and a real PostgreSQL.
 
 embedded: AGL_STREAM_BOOTSTRAP_SERVERS and AGL_STREAM_DATABASE_URL if both are set; otherwise
-a private stack the tests start in a temporary home and stop. Never the stack `agl-stream up`
-runs in .agl-stream/ unless those variables point at it: the tests create and delete hundreds
-of topics, and an embedded broker restarted on storage that has seen that much churn has
-been seen to refuse metadata requests (the demo then cannot start on it).
+a private stack (one Apache Kafka node, PostgreSQL) the tests start in a temporary home and
+stop. Never the stack `agl-stream up` runs in .agl-stream/ unless those variables point at
+it: the tests create and delete hundreds of topics and consumer groups of their own.
+cluster: a private stack of three Kafka nodes, for the tests that kill brokers.
 testcontainers: Apache Kafka and PostgreSQL containers, where a Docker engine runs.
 """
 
@@ -31,6 +31,40 @@ class Backend:
     # How to freeze and thaw the broker (SIGSTOP/SIGCONT, docker pause), where it can be.
     freeze: Callable[[], None] | None = None
     thaw: Callable[[], None] | None = None
+    # An embedded stack of several Kafka nodes: nodes can be killed and started again.
+    stack: EmbeddedStack | None = None
+    replication_factor: int = 1
+
+    @property
+    def can_kill_brokers(self) -> bool:
+        state = self.stack.state() if self.stack is not None else None
+        return state is not None and len(state.nodes) >= 3
+
+    def node_ids(self) -> list[int]:
+        assert self.stack is not None
+        state = self.stack.state()
+        assert state is not None
+        return [n.node_id for n in state.nodes]
+
+    async def kill_and_restart_broker(self, node_id: int, down_seconds: float) -> None:
+        """kill -9 one Kafka node, leave it down for a while, start it again (with its data)
+        and wait until it is back in the cluster."""
+        assert self.stack is not None
+        self.stack.kill_node(node_id)
+        await asyncio.sleep(down_seconds)
+        await asyncio.to_thread(self.stack.up)
+
+    async def pause_node(self, node_id: int, seconds: float) -> None:
+        assert self.stack is not None
+        state = self.stack.state()
+        assert state is not None
+        pid = state.node(node_id).pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     @property
     def can_pause(self) -> bool:
@@ -74,6 +108,30 @@ def embedded(private_home: Path) -> Iterator[Backend]:
             state.bootstrap_servers,
             state.database_url,
             **signals(state.broker_pid),
+        )
+    finally:
+        stack.down()
+
+
+@contextmanager
+def cluster(private_home: Path, nodes: int = 3) -> Iterator[Backend]:
+    """Three Kafka nodes (KRaft, each broker and controller) on loopback and PostgreSQL;
+    topics replicated three times with two in sync."""
+    broker_port, postgres_port = pick_ports(2, 32_000, 32_700)
+    stack = EmbeddedStack(
+        StackSettings(
+            home=private_home, broker_port=broker_port, postgres_port=postgres_port,
+            kafka_nodes=nodes,
+        )
+    )  # fmt: skip
+    state = stack.up()
+    try:
+        yield Backend(
+            f"embedded cluster ({nodes} nodes)",
+            state.bootstrap_servers,
+            state.database_url,
+            stack=stack,
+            replication_factor=min(3, nodes),
         )
     finally:
         stack.down()

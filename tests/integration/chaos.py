@@ -40,7 +40,14 @@ SIZES = {
                       finish_within=600),
 }  # fmt: skip
 
-FAULTS = ("runner killed", "projector killed", "trainer killed", "broker paused", "malformed")
+FAULTS = (
+    "runner killed",
+    "projector killed",
+    "trainer killed",
+    "broker killed",
+    "broker paused",
+    "malformed",
+)
 
 
 @dataclass
@@ -155,6 +162,7 @@ async def inject_malformed(kafka: KafkaSettings, codec: Codec) -> dict[tuple[str
 class Summary:
     size: str
     config: ChaosSize
+    brokers: str = "1 Kafka node"
     seconds: float = 0.0
     statuses: Counter[str] = field(default_factory=Counter)
     attempts: int = 0
@@ -163,6 +171,7 @@ class Summary:
     spans: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     paused_seconds: float = 0.0
+    controller_kills: int = 0  # of the "broker killed" faults, those of the active controller
     restarts: Counter[str] = field(default_factory=Counter)
     died: int = 0
     malformed_sent: int = 0
@@ -189,15 +198,17 @@ class Summary:
         )
         rows = [
             f"chaos ({self.size}): {c.rollouts:,} rollouts queued over {c.enqueue_seconds:.0f} s, "
-            f"{c.runners} runners, 1 projector, 1 trainer; {self.seconds:.0f} s in all",
+            f"{c.runners} runners, 1 projector, 1 trainer, {self.brokers}; "
+            f"{self.seconds:.0f} s in all",
             f"  rollouts      {sum(self.statuses.values()):,} terminal: {statuses}",
             f"  attempts      {self.attempts:,} ({self.reruns:,} beyond one per rollout: "
             f"retries and re-runs after kills; {self.second_successes} rollouts run to success "
-            "twice, counted once)",
+            "twice)",
             f"  spans         {self.spans:,} in the read model"
             + ("" if self.lost.get("incomplete attempts") else ", every finished attempt complete"),
             f"  faults        {sum(self.faults.values())}: {faults} "
-            f"(broker paused {self.paused_seconds:.1f} s in all)",
+            f"(the active controller among the brokers killed x{self.controller_kills}; "
+            f"a broker paused {self.paused_seconds:.1f} s in all)",
             f"  restarts      {restarts}; workers that died by themselves: {self.died}",
             f"  dead letters  {self.malformed_sent} malformed records sent, "
             f"{self.malformed_found} found with a reason "

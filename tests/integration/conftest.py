@@ -27,6 +27,13 @@ def embedded_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backe
 
 
 @pytest.fixture(scope="session")
+def cluster_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """A 3-node Kafka cluster (tests that kill brokers ask for it by name)."""
+    with backends.cluster(traversable(tmp_path_factory.mktemp("cluster"))) as backend:
+        yield backend
+
+
+@pytest.fixture(scope="session")
 def testcontainers_backend() -> Iterator[Backend]:
     reason = backends.docker_available()
     if reason is not None:
@@ -52,7 +59,10 @@ def unique() -> str:
 async def kafka(backend: Backend, unique: str) -> AsyncIterator[KafkaSettings]:
     """Settings with a topic prefix of its own; the topics exist."""
     settings = load(
-        KafkaSettings, bootstrap_servers=backend.bootstrap_servers, topic_prefix=f"t{unique}."
+        KafkaSettings,
+        bootstrap_servers=backend.bootstrap_servers,
+        topic_prefix=f"t{unique}.",
+        replication_factor=backend.replication_factor,
     )
     await apply_topics(settings)
     yield settings

@@ -1,10 +1,12 @@
-"""The whole pipeline under fire: runners, a projector and a trainer as real processes while
-tasks trickle in, and meanwhile kill -9 of random workers (restarted), the broker frozen with
-SIGSTOP, malformed records into every topic. Afterwards, through the query API: every
-rollout is terminal with the status its task calls for, no rollout has two succeeded
-attempts, every finished attempt has all its spans, the read model equals a replay from
-scratch, the trainer's lineage has each consumed offset once, and every malformed record
-sits in the dead-letter topic with a reason. Size: --chaos-size ci (default) or long."""
+"""The whole pipeline under fire, on a 3-node Kafka cluster (replication 3, two in sync):
+runners, a projector and a trainer as real processes while tasks trickle in, and meanwhile
+kill -9 of random workers (restarted), kill -9 of a Kafka node (the active controller first,
+then any; restarted with its data), a node frozen with SIGSTOP, malformed records into every
+topic. Afterwards, through the query API: every rollout is terminal with the status its
+task calls for, no rollout has two succeeded attempts, every finished attempt has all its
+spans, the read model equals a replay from scratch, the trainer's lineage has each consumed
+offset once, and every malformed record sits in the dead-letter topic with a reason.
+Size: --chaos-size ci (default) or long."""
 
 from __future__ import annotations
 
@@ -84,15 +86,26 @@ async def fault(
         await crew.kill(crew.of("projector")[0], rng)
     elif kind == "trainer killed":
         await crew.kill(crew.of("trainer")[0], rng)
+    elif kind == "broker killed":
+        # The active controller first: its loss moves the quorum's leadership too.
+        controller = backend.stack.active_controller() if backend.stack else None
+        node = controller if not summary.faults[kind] and controller else None
+        node = node or rng.choice(backend.node_ids())
+        summary.controller_kills += node == controller
+        await backend.kill_and_restart_broker(node, rng.uniform(2, 6))
     elif kind == "broker paused":
         seconds = rng.uniform(3, 7)
-        await backend.pause_broker(seconds)
+        if backend.can_kill_brokers:
+            await backend.pause_node(rng.choice(backend.node_ids()), seconds)
+        else:
+            await backend.pause_broker(seconds)
         summary.paused_seconds += seconds
     else:
         malformed.update(await inject_malformed(kafka, Codec()))
     summary.faults[kind] += 1
 
 
+@pytest.mark.parametrize("backend", ["cluster"], indirect=True)
 async def test_chaos(
     backend: Backend,
     kafka: KafkaSettings,
@@ -103,8 +116,13 @@ async def test_chaos(
 ) -> None:
     size: ChaosSize = SIZES[chaos_size]
     rng = random.Random(2026)
-    kinds = [k for k in FAULTS if k != "broker paused" or backend.can_pause]
-    summary = Summary(chaos_size, size)
+    kinds = [
+        k
+        for k in FAULTS
+        if (k != "broker paused" or backend.can_pause or backend.can_kill_brokers)
+        and (k != "broker killed" or backend.can_kill_brokers)
+    ]
+    summary = Summary(chaos_size, size, brokers=backend.name)
     store = CheckpointStore(str(tmp_path / "checkpoints"))
     crew = Crew(kafka, database, tmp_path / "logs", store.root)
     tasks, doomed = chaos_tasks(rng, size.rollouts)
@@ -152,7 +170,7 @@ async def test_chaos(
     # What the query API says.
     live = await dump(database)
     wanted = {rollout_id: index for index, rollout_id in enumerate(ids)}
-    not_terminal, wrong_status, doubled, incomplete = [], [], [], []
+    not_terminal, wrong_status, doubled, incomplete, twice = [], [], [], [], []
     for rollout_id, index in wanted.items():
         entry = live.get(rollout_id)
         if entry is None or entry["rollout"]["status"] not in TERMINAL:
@@ -166,9 +184,9 @@ async def test_chaos(
         summary.attempts += len(attempts)
         succeeded = [a for a in attempts if a["status"] == "succeeded"]
         if len(succeeded) > 1:
-            # A runner frozen out of its group finished an attempt another runner had taken
-            # over: both ran (execution is at-least-once); the rollout must count once.
-            summary.second_successes += 1
+            # A runner frozen out of its group finishing an attempt another runner had taken
+            # over: its lane is fenced, so this must not happen.
+            twice.append(rollout_id)
         counted = entry["rollout"]["reward"]
         if status == "succeeded" and counted not in {a["reward"] for a in succeeded}:
             doubled.append((rollout_id, counted))
@@ -177,6 +195,7 @@ async def test_chaos(
                 incomplete.append((a["attempt_id"], a["spans_received"], a["span_count"]))
         summary.spans += len(entry["spans"])
     summary.reruns = summary.attempts - len(wanted)
+    summary.second_successes = len(twice)
 
     # The trainer: every consumed range once, every attempt it trained on a real success.
     states = store.lineage()
@@ -221,6 +240,7 @@ async def test_chaos(
         "rollouts not terminal": not_terminal,
         "rollouts with the wrong status": wrong_status,
         "succeeded rollouts whose reward is no succeeded attempt's": doubled,
+        "rollouts run to success twice": twice,
         "incomplete attempts": incomplete,
         "malformed records not dead-lettered": missing_letters,
         "differences from a replay": differ,

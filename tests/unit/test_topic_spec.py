@@ -131,3 +131,37 @@ def test_co_partitioning_is_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(TopicSpecError, match="same partitions and key as a"):
         load_topic_specs(tmp_path)
+
+
+def test_a_deployment_sets_partitions_retention_and_compression(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("tasks", "rollouts", "spans"):
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\npartitions = 32\n')
+    (tmp_path / "dlq.toml").write_text('retention_ms = 1000\ncompression = "zstd"\n')
+    monkeypatch.setenv("AGL_STREAM_TOPICS_DIR", str(tmp_path))
+    specs = load_topic_specs()
+    assert [specs[n].partitions for n in ("tasks", "rollouts", "spans")] == [32, 32, 32]
+    assert (specs["dlq"].retention_ms, specs["dlq"].compression) == (1000, "zstd")
+    monkeypatch.delenv("AGL_STREAM_TOPICS_DIR")
+    packaged = load_topic_specs()
+    assert packaged["tasks"].partitions == 8
+    assert specs["workers"] == packaged["workers"]  # what no file names stays as packaged
+
+
+@pytest.mark.parametrize(
+    ("files", "words"),
+    [
+        ({"tasks.toml": "partitions = 32\n"}, "same partitions and key as tasks"),
+        ({"tasks.toml": 'key = "worker_id"\n'}, "key cannot be set per deployment"),
+        ({"nope.toml": "partitions = 2\n"}, "overrides topic 'nope', which is not defined"),
+        ({"tasks.toml": "partitions = 0\n"}, "partitions"),
+    ],
+)
+def test_bad_overrides_name_the_file_and_setting(
+    tmp_path: Path, files: dict[str, str], words: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(TopicSpecError, match=words):
+        load_topic_specs(overrides=tmp_path)
