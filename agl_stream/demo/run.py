@@ -27,6 +27,7 @@ from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, RolloutMode
 from agl_stream.kafka import consumer, end_offsets, producer
 from agl_stream.queries import QueryError, ReadModel
+from agl_stream.runner.resources import read_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
 
 AGENT = "agl_stream.demo.task:echo_letter"
@@ -74,14 +75,17 @@ def _worker_command(role: str, *extra: str) -> list[str]:
 
 
 async def publish_endpoint(kafka: KafkaSettings, config: DemoConfig, port: int) -> None:
-    """The policy server as the run's LLM resource: published before the trainer starts, so
-    the trainer carries it into every version it publishes."""
+    """The policy server as the run's LLM resource: published before the trainer starts as
+    the latest version (above every version number on the topic, as `resources publish`
+    does), so the trainer carries this run's endpoint into every version it publishes, not
+    the endpoint of an earlier run's (stopped) policy server."""
     llm = LLM(endpoint=f"http://127.0.0.1:{port}/v1", model="policy")
+    latest = (await read_resources(kafka)).top_version
     async with producer(kafka) as prod:
         await EventPublisher(prod, Topics(kafka)).publish(
             "resources",
             ResourcesPublished(
-                resources_id=config.endpoint_id, version=0, resources={"llm": llm},
+                resources_id=config.endpoint_id, version=latest + 1, resources={"llm": llm},
                 published_by="demo",
             ),
         )  # fmt: skip
@@ -163,9 +167,7 @@ async def drive(
             if loop.time() - progressed > config.stall_seconds:
                 raise DemoFailed(
                     f"no training step finished in {config.stall_seconds:.0f} s; the workers' "
-                    f"logs are in {config.log_dir}. (A stack home that many test runs have "
-                    "used can stall consumer-group joins: `agl-stream down`, remove "
-                    ".agl-stream/ and run again.)"
+                    f"logs are in {config.log_dir}."
                 )
             for item in await stream.next_batch(timeout_ms=500):
                 event = item.event

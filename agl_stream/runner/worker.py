@@ -158,7 +158,6 @@ class Runner:
         self._publisher: EventPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self.lanes: dict[TopicPartition, Lane] = {}
-        self._unsettled: set[TopicPartition] = set()
         # Records below the committed offset found at takeover are done: not handled again.
         self._floors: dict[TopicPartition, int] = {}
         self.takeovers: list[Takeover] = []
@@ -242,10 +241,18 @@ class Runner:
             for item in batch:
                 if isinstance(item.event, RolloutCancelled):
                     self.ledger.apply(item.event)
+            deferred: dict[TopicPartition, int] = {}
             for item in batch:
-                self._handle(item)
+                tp = TopicPartition(item.topic, item.partition)
+                if tp in self.lanes:
+                    self._handle(item)
+                else:  # revoked meanwhile, or given again and not settled yet: read it later
+                    deferred[tp] = min(deferred.get(tp, item.offset), item.offset)
+            for tp, offset in deferred.items():
+                with contextlib.suppress(IllegalStateError):  # not ours: the owner reads it
+                    consumer_.seek(tp, offset)
             for tp, next_offset in batch.next_offsets.items():
-                if tp in self.progress:
+                if tp in self.progress and tp not in deferred:
                     self.progress[tp].advance(next_offset)
 
     def _progress(self, tp: TopicPartition) -> PartitionProgress:
@@ -253,8 +260,6 @@ class Runner:
 
     def _handle(self, item: ConsumedEvent) -> None:
         tp = TopicPartition(item.topic, item.partition)
-        if tp not in self.lanes:
-            return  # revoked meanwhile: the next owner reads it again
         event = item.event
         self.ledger.apply(event)
         if isinstance(event, RolloutCancelled):
@@ -462,20 +467,17 @@ class Runner:
                 await lane.close()
             self.progress.pop(tp, None)
             self._floors.pop(tp, None)
-            self._unsettled.discard(tp)
 
     async def take_over(self, assigned: set[TopicPartition]) -> None:
-        """New partitions are settled by the loop before their first record is handled (in
-        this callback the consumer may already be fetching them)."""
-        self._unsettled |= assigned
+        """Nothing here: the loop settles every assigned partition that has no lane before
+        it handles a record of it (in this callback the consumer may already be fetching
+        the new partitions, and it may even have handed the loop records of them before
+        this runs)."""
 
     async def _settle(self) -> None:
         assert self._consumer is not None
-        assignment = self._consumer.assignment()
-        for tp in sorted(self._unsettled):
-            if tp in assignment:
-                await self._settle_partition(tp)
-            self._unsettled.discard(tp)
+        for tp in sorted(self._consumer.assignment() - set(self.lanes)):
+            await self._settle_partition(tp)
 
     async def _settle_partition(self, tp: TopicPartition) -> None:
         """Fence the partition's previous writer, then fold what its records rely on."""
