@@ -49,6 +49,9 @@ BENCHES = [
     Bench("pipeline", "End-to-end latency and memory over a long run",
           ["--runners", "2", "--rate", "20", "--seconds", "300", "--sample-every", "30"],
           ["--runners", "2", "--rate", "20", "--seconds", "30", "--sample-every", "10"]),
+    Bench("takeover", "Takeover of a partition against its history",
+          ["--history", "1000000"],
+          ["--history", "50000"]),
     Bench("trainer", "Trainer samples/s (GRPO, tiny model, CPU)",
           ["--groups", "64", "--group-size", "8", "--groups-per-step", "4"],
           ["--groups", "8", "--group-size", "4", "--groups-per-step", "2"]),
@@ -133,7 +136,8 @@ def runners_section(f: dict[str, Any]) -> str:
         table(rows)
         + "\n\n"
         + "\n".join(procs)
-        + "\n\nTarget (issue 3): 400 rollouts/s and 5,000 spans/s on this machine kind."
+        + "\n\nTarget (issues 3 and 17): 400 rollouts/s and 5,000 spans/s on this machine kind "
+        + "(4 runners, at most 5 rounds, no sleep)."
     )
 
 
@@ -175,6 +179,19 @@ def pipeline_section(f: dict[str, Any]) -> str:
     )
 
 
+def takeover_section(f: dict[str, Any]) -> str:
+    rows = [
+        ("empty rollouts partition: records read / seconds to settle",
+         f"{f['empty_records_read']} / {f['empty_takeover_s']}"),
+        (f"{f['history_records']:,} old records, with the checkpoint: records read / seconds",
+         f"{f['history_records_read']} / {f['history_takeover_s']}"),
+        (f"{f['history_records']:,} old records, no checkpoint (from offset 0)",
+         f"{f['from_zero_records_read']:,} / {f['from_zero_takeover_s']}"),
+        ("history / empty (seconds)", f["history_to_empty_ratio"]),
+    ]  # fmt: skip
+    return table(rows)
+
+
 def trainer_section(f: dict[str, Any]) -> str:
     return table([(k.replace("_", " "), v) for k, v in f.items()])
 
@@ -201,6 +218,7 @@ SECTIONS = {
     "runners": runners_section,
     "projector": projector_section,
     "pipeline": pipeline_section,
+    "takeover": takeover_section,
     "trainer": trainer_section,
     "gateway": gateway_section,
 }

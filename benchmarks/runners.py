@@ -92,6 +92,13 @@ async def positions(kafka: KafkaSettings, topic: str) -> dict[TopicPartition, in
     )
 
 
+async def count_records(kafka: KafkaSettings, start: dict[TopicPartition, int]) -> int:
+    """Committed records from `start` to the end now (offsets also count transaction
+    markers, so they are read, not subtracted)."""
+    ends = await end_offsets(kafka, start)
+    return sum([1 async for _ in read_records(kafka, start, ends)])
+
+
 class Monitor:
     """Follows the rollouts topic from given offsets: terminal events, starts, span counts."""
 
@@ -178,11 +185,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         with console.status("warming up (runners join the group)..."):
             await run_batch(kafka, 25 * args.runners, args, pids)
         before = {pid: sample(pid) for pid in [*pids, *state.broker_pids] if pid}
-        span_start = sum((await positions(kafka, "spans")).values())
+        span_start = await positions(kafka, "spans")
         with console.status(f"running {args.rollouts} rollouts..."):
             monitor, first_enqueue, start_tasks = await run_batch(kafka, args.rollouts, args, pids)
         last_terminal = max(monitor.finished.values()) / 1000
-        spans_on_broker = sum((await positions(kafka, "spans")).values()) - span_start
+        spans_on_broker = await count_records(kafka, span_start)
         after = {pid: sample(pid) for pid in before}
         queued = await queued_times(kafka, start_tasks)
     finally:
