@@ -14,8 +14,19 @@ from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.topic_admin import apply_topics
 
 
-def _stack(home: Path | None, broker_port: int | None, postgres_port: int | None) -> EmbeddedStack:
-    settings = load(StackSettings, home=home, broker_port=broker_port, postgres_port=postgres_port)
+def _stack(
+    home: Path | None,
+    broker_port: int | None,
+    postgres_port: int | None,
+    kafka_nodes: int | None = None,
+) -> EmbeddedStack:
+    settings = load(
+        StackSettings,
+        home=home,
+        broker_port=broker_port,
+        postgres_port=postgres_port,
+        kafka_nodes=kafka_nodes,
+    )
     return EmbeddedStack(settings)
 
 
@@ -30,18 +41,28 @@ home_option = click.option(
 @home_option
 @click.option("--broker-port", type=int, help="[env: AGL_STREAM_BROKER_PORT; default: 19092]")
 @click.option("--postgres-port", type=int, help="[env: AGL_STREAM_POSTGRES_PORT; default: 15432]")
+@click.option(
+    "--kafka-nodes",
+    type=int,
+    help="Kafka nodes on loopback, each broker and controller "
+    "[env: AGL_STREAM_KAFKA_NODES; default: 1]",
+)
 @click.pass_obj
 @friendly_errors
 def up(
-    app: AppContext, home: Path | None, broker_port: int | None, postgres_port: int | None
+    app: AppContext,
+    home: Path | None,
+    broker_port: int | None,
+    postgres_port: int | None,
+    kafka_nodes: int | None,
 ) -> None:
-    """Start the embedded stack: a Kafka-protocol broker and PostgreSQL on this machine.
+    """Start the embedded stack: Apache Kafka (KRaft) and PostgreSQL on this machine.
 
     Creates the topics and the database schema, and prints the connection settings. Data is
     kept in the home directory: `down` then `up` finds it again. Running it twice is harmless.
     """
-    stack = _stack(home, broker_port, postgres_port)
-    with console.status("starting the broker, its storage and PostgreSQL..."):
+    stack = _stack(home, broker_port, postgres_port, kafka_nodes)
+    with console.status("starting Apache Kafka and PostgreSQL..."):
         state = stack.up()
     kafka = load(
         KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=app.topic_prefix
@@ -51,7 +72,9 @@ def up(
         report = run(apply_topics(kafka))
         revision = run(migrate(database))
     table = Table(title="agl-stream embedded stack is up", show_header=False, title_justify="left")
-    table.add_row("broker", state.bootstrap_servers)
+    table.add_row(
+        "broker", f"{state.broker} ({len(state.nodes)} node(s)), {state.bootstrap_servers}"
+    )
     table.add_row("database", database.display_url())
     table.add_row("topics", f"{len(report.created)} created, {len(report.in_sync)} already there")
     table.add_row("schema revision", str(revision))

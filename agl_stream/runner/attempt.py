@@ -145,8 +145,10 @@ async def _supervise(
             if now - last_flush >= flush_seconds:
                 await pump()
                 last_flush = now
-    except asyncio.CancelledError:
-        await _stop(agent_task)  # handed back: the attempt is abandoned, not finished
+    except BaseException:
+        # Handed back (cancelled), or its spans could not be sent (the lane failed): the
+        # attempt is abandoned, not finished, and its agent must not run on unwatched.
+        await _stop(agent_task)
         raise
     exc = agent_task.exception()
     if exc is not None:

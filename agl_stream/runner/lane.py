@@ -13,20 +13,20 @@ that covers them at once or not at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
 from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.events import Event
 from agl_stream.kafka import started
-from agl_stream.streams import EventNotAllowed, EventPublisher, Topics
+from agl_stream.streams import EVENT_TYPE_HEADER, EventNotAllowed, Topics
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,14 @@ log = logging.getLogger(__name__)
 class LaneClosed(RuntimeError):
     """The partition's lane ended (fenced by a new owner, failed, or handed back): what was
     sent through it after its last commit is not on the topics."""
+
+
+class EventTooLarge(ValueError):
+    """One event is larger than a produce request may be; only its sender fails."""
+
+
+MAX_RECORD_BYTES = 1_000_000  # under aiokafka's (and Kafka's) default 1 MiB request limit
+CLOSE_SECONDS = 15.0
 
 
 def transactional_id(group_id: str, tasks_topic: str, partition: int) -> str:
@@ -62,11 +70,16 @@ class Checkpoint:
 
 @dataclass
 class _Pending:
-    topic: str
-    event: Event
+    topic: str  # the full name
+    key: bytes
+    value: bytes
+    event_type: str
     done: asyncio.Future[RecordMetadata] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(EVENT_TYPE_HEADER, self.event_type.encode())]
 
 
 class Lane:
@@ -91,7 +104,7 @@ class Lane:
             linger_ms=linger_ms,
             **kafka.client_options(),
         )
-        self._publisher = EventPublisher(self._producer, topics, codec)
+        self._codec = codec or Codec()
         self._pending: list[_Pending] = []
         self._offset: tuple[int, Checkpoint] | None = None
         self._committed: tuple[int, Checkpoint] | None = None
@@ -112,13 +125,21 @@ class Lane:
         return self.error is None and not self._closing
 
     async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]:
-        """Queue an event for the next transaction; the future resolves once it committed."""
+        """Queue an event for the next transaction; the future resolves once it committed.
+        An event that cannot go (not allowed there, not encodable, too large) raises here,
+        for its sender alone."""
         full = self.topics.name(short_topic)
         if not self.topics.allows(full, event.type_name()):
             raise EventNotAllowed(f"{event.type_name()} events do not belong on {full}")
         if not self.alive:
             raise LaneClosed(f"the lane of {self.tasks} is closed") from self.error
-        pending = _Pending(short_topic, event)
+        value = self._codec.encode(event)
+        if len(value) > MAX_RECORD_BYTES:
+            raise EventTooLarge(
+                f"a {event.type_name()} of {len(value):,} bytes is larger than a record may be "
+                f"({MAX_RECORD_BYTES:,})"
+            )
+        pending = _Pending(full, event.key.encode(), value, event.type_name())
         self._pending.append(pending)
         self._wake.set()
         return pending.done
@@ -130,12 +151,21 @@ class Lane:
             self._wake.set()
 
     async def close(self) -> None:
-        """Commit what is queued, then stop the producer."""
+        """Commit what is queued, then stop the producer; a lane that cannot commit within
+        CLOSE_SECONDS (its coordinator gone) is abandoned: its open transaction is aborted
+        by Kafka, when the next owner fences it or when it times out."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._producer.stop()
+            done, _ = await asyncio.wait({self._task}, timeout=CLOSE_SECONDS)
+            if not done:
+                log.warning(
+                    "the lane of %s did not commit within %.0f s", self.tasks, CLOSE_SECONDS
+                )
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._producer.stop(), CLOSE_SECONDS)
 
     async def _run(self) -> None:
         try:
@@ -152,7 +182,7 @@ class Lane:
         except asyncio.CancelledError:
             self._fail(LaneClosed(f"the lane of {self.tasks} was stopped"))
             raise
-        except (KafkaError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the runner, never hang it
             log.warning(
                 "the lane of %s failed, its uncommitted events are dropped: %r", self.tasks, exc
             )
@@ -163,7 +193,15 @@ class Lane:
         offset, self._offset = self._offset, None
         await self._producer.begin_transaction()
         try:
-            sent = [await self._publisher.send(p.topic, p.event) for p in batch]
+            sent = [
+                await self._producer.send(
+                    p.topic,
+                    p.value,
+                    key=p.key,
+                    headers=[(EVENT_TYPE_HEADER, p.event_type.encode())],
+                )
+                for p in batch
+            ]
             if offset is not None:
                 position, checkpoint = offset
                 await self._producer.send_offsets_to_transaction(

@@ -19,9 +19,8 @@ class PartitionProgress:
 
     in_flight: set[int] = field(default_factory=set)
     next_offset: int | None = None  # one past the highest offset handed out
-    # task offset -> the rollouts offset the record relies on (None: its first event is
-    # not on the topic yet, so it will be at or after rollouts_end)
-    relies_on: dict[int, int | None] = field(default_factory=dict)
+    # task offset -> the rollouts offset the record relies on
+    relies_on: dict[int, int] = field(default_factory=dict)
     rollouts_end: int = 0  # one past the last rollouts event known committed
     # What this owner inherited: records below `inherited_until` (the tasks end when it
     # took over) may have been handled by an earlier owner and rely on `inherited_from`.
@@ -33,17 +32,16 @@ class PartitionProgress:
         self.handled(offset, relies_on)
 
     def handled(self, offset: int, relies_on: int | None) -> None:
-        """A record was planned (run, skipped, decided); `relies_on` as in Plan."""
-        self.relies_on[offset] = relies_on
+        """A record was planned (run, skipped, decided); `relies_on` as in Plan. A record
+        that relies on no earlier fact relies on what it will write, which lands after
+        everything known written now."""
+        self.relies_on[offset] = self.rollouts_end if relies_on is None else relies_on
         if self.next_offset is None or offset + 1 > self.next_offset:
             self.next_offset = offset + 1
 
-    def wrote(self, task_offset: int | None, rollouts_offset: int) -> None:
-        """An event landed on the rollouts partition (committed); for a record, its first
-        such event is what it relies on from now on."""
+    def wrote(self, rollouts_offset: int) -> None:
+        """An event landed on the rollouts partition (committed)."""
         self.rollouts_end = max(self.rollouts_end, rollouts_offset + 1)
-        if task_offset is not None and self.relies_on.get(task_offset, 0) is None:
-            self.relies_on[task_offset] = rollouts_offset
 
     def advance(self, next_offset: int) -> None:
         """Everything below next_offset was read (records that needed no work included)."""
@@ -70,7 +68,7 @@ class PartitionProgress:
         starts = [self.rollouts_end]
         if position < self.inherited_until:
             starts.append(self.inherited_from)
-        starts += [self.rollouts_end if r is None else r for r in self.relies_on.values()]
+        starts += self.relies_on.values()
         return position, min(starts)
 
     @property

@@ -22,10 +22,10 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError
@@ -67,6 +67,7 @@ from agl_stream.streams import (
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def runner_group(topic_prefix: str) -> str:
@@ -160,7 +161,11 @@ class Runner:
         self.lanes: dict[TopicPartition, Lane] = {}
         # Records below the committed offset found at takeover are done: not handled again.
         self._floors: dict[TopicPartition, int] = {}
-        self.takeovers: list[Takeover] = []
+        self.takeovers: deque[Takeover] = deque(maxlen=1000)
+        # Bumped by every revocation and assignment: work begun under an older assignment
+        # (a batch fetched, a partition being settled) is dropped, not applied to the new.
+        self._epoch = 0
+        self._rebalancing = False
         self.gateway: Gateway | None = None
 
     @property
@@ -232,10 +237,13 @@ class Runner:
                 await consumer_.getmany(timeout_ms=0)
                 continue
             consumer_.resume(*consumer_.paused())
+            epoch = self._epoch
             batch = await stream.next_batch(timeout_ms=200, max_records=free)
             # Partitions assigned since the last batch are settled (fenced, folded) before
             # any of their records is looked at: the batch may already hold some.
             await self._settle()
+            if epoch != self._epoch:
+                continue  # fetched under an older assignment: the new one reads it again
             self._drop_below_floors(batch)
             # A cancel later in the batch stops a rollout queued earlier in it from starting.
             for item in batch:
@@ -338,7 +346,7 @@ class Runner:
             self.ledger.apply(event, meta.offset)
             progress = self.progress.get(claim.tp)
             if progress is not None:
-                progress.wrote(claim.offset, meta.offset)
+                progress.wrote(meta.offset)
         elif topic == "tasks":
             self.ledger.apply(event)
 
@@ -453,6 +461,8 @@ class Runner:
     async def hand_back(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: stop their attempts (the next owner runs them again),
         commit what finished, and close their lanes."""
+        self._epoch += 1
+        self._rebalancing = True
         jobs = [f.job for f in self.in_flight.values() if f.tp in revoked]
         if jobs:
             # A moment to finish (a rebalance revokes everything, even what stays with us).
@@ -469,47 +479,63 @@ class Runner:
             self._floors.pop(tp, None)
 
     async def take_over(self, assigned: set[TopicPartition]) -> None:
-        """Nothing here: the loop settles every assigned partition that has no lane before
-        it handles a record of it (in this callback the consumer may already be fetching
-        the new partitions, and it may even have handed the loop records of them before
-        this runs)."""
+        """The loop settles every assigned partition that has no lane before it handles a
+        record of it (in this callback the consumer may already be fetching the new
+        partitions, and it may even have handed the loop records of them before this
+        runs). A lane of a partition not assigned now is closed."""
+        self._epoch += 1
+        self._rebalancing = False
+        for tp in set(self.lanes) - assigned:
+            await self.lanes.pop(tp).close()
+            self.progress.pop(tp, None)
+            self._floors.pop(tp, None)
 
     async def _settle(self) -> None:
         assert self._consumer is not None
+        if self._rebalancing:
+            return  # between revocation and assignment: nothing is ours to settle
+        epoch = self._epoch
         for tp in sorted(self._consumer.assignment() - set(self.lanes)):
-            await self._settle_partition(tp)
+            await self._settle_partition(tp, epoch)
+            if epoch != self._epoch:
+                return
 
-    async def _settle_partition(self, tp: TopicPartition) -> None:
-        """Fence the partition's previous writer, then fold what its records rely on."""
+    async def _settle_partition(self, tp: TopicPartition, epoch: int) -> None:
+        """Fence the partition's previous writer, then fold what its records rely on. If the
+        group rebalances meanwhile, the partition is left alone (its lane closed): the new
+        assignment settles what is ours then."""
         began = time.monotonic()
-        old = self.lanes.pop(tp, None)
-        if old is not None:
-            await old.close()
         lane = await retrying(lambda: self._open_lane(tp), f"fencing {tp}")
+        try:
+            committed, checkpoint = await retrying(
+                lambda: self._committed_checkpoint(tp), f"reading the checkpoint of {tp}"
+            )
+            start = checkpoint.rollouts_from if checkpoint is not None else 0
+            rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
+            ends = await retrying(lambda: end_offsets(self.kafka, [tp]), f"the end of {tp}")
+            events, rollouts_end = await self._polling(
+                retrying(
+                    lambda: read_partition_from(self.kafka, rollouts, start), f"folding {rollouts}"
+                )
+            )
+        except BaseException:
+            await lane.close()
+            raise
+        assert self._consumer is not None
+        if epoch != self._epoch or tp not in self._consumer.assignment():
+            await lane.close()  # rebalanced meanwhile
+            return
         self.lanes[tp] = lane
-        committed, checkpoint = await retrying(
-            lambda: self._committed_checkpoint(tp), f"reading the checkpoint of {tp}"
-        )
-        start = checkpoint.rollouts_from if checkpoint is not None else 0
-        rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
-        tasks_end = (await retrying(lambda: end_offsets(self.kafka, [tp]), f"the end of {tp}"))[tp]
-        events, rollouts_end = await retrying(
-            lambda: read_partition_from(self.kafka, rollouts, start), f"folding {rollouts}"
-        )
         for offset, event in events:
             self.ledger.apply(event, offset)
         self.counts["takeover_records_read"] += len(events)
         self.takeovers.append(Takeover(tp, len(events), time.monotonic() - began))
         self.progress[tp] = PartitionProgress(
-            rollouts_end=rollouts_end, inherited_from=start, inherited_until=tasks_end
+            next_offset=committed,
+            rollouts_end=rollouts_end,
+            inherited_from=start,
+            inherited_until=ends[tp],
         )
-        assert self._consumer is not None
-        if tp not in self._consumer.assignment():
-            # Revoked while it was being settled: the next owner settles it again.
-            self.lanes.pop(tp, None)
-            self.progress.pop(tp, None)
-            await lane.close()
-            return
         if committed is not None:
             # The consumer may have fetched from an older commit (the previous owner's last
             # transaction committed after the group handed out its offsets).
@@ -517,6 +543,20 @@ class Runner:
             with contextlib.suppress(IllegalStateError):  # revoked this instant
                 if await self._consumer.position(tp) < committed:
                     self._consumer.seek(tp, committed)
+
+    async def _polling(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await `work` while polling the group every second with every partition paused, so
+        that a long fold (a partition with no checkpoint yet) does not exceed the poll
+        interval and drop this runner from the group."""
+        task = asyncio.ensure_future(work)
+        consumer_ = self._consumer
+        assert consumer_ is not None
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            consumer_.pause(*consumer_.assignment())
+            await consumer_.getmany(timeout_ms=0)
 
     async def _open_lane(self, tp: TopicPartition) -> Lane:
         lane = Lane(

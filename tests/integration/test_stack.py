@@ -25,7 +25,9 @@ async def _invoke(*args: str) -> str:
     return result.output
 
 
-async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
+async def test_up_down_up_keeps_events_and_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = traversable(tmp_path) / "stack"
     broker_port, pg_port = pick_ports(2, 32_000, 32_700)
     flags = [
@@ -61,6 +63,7 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
 
         await _invoke("up", *flags)
         assert stack.running() is not None
+        monkeypatch.setenv("AGL_STREAM_HOME", str(home))  # status names the embedded broker
         report = json.loads(
             await _invoke(
                 "--bootstrap-servers",
@@ -76,6 +79,8 @@ async def test_up_down_up_keeps_events_and_offsets(tmp_path: Path) -> None:
         keeper = next(g for g in report["groups"] if g["group"] == "keeper")
         assert keeper["lag"]["agl.tasks"] == len(written) - len(got)
         assert report["database"]["revision"] == head_revision()
+        assert report["broker"].startswith(f"Apache Kafka 4.1.1, KRaft, embedded in {home}")
+        assert report["broker"].endswith("1 broker")
 
         async with (
             producer(kafka) as prod,

@@ -126,3 +126,72 @@ def test_cancel_before_start_and_cancel_after_the_end() -> None:
     done.apply(RolloutFinished(rollout_id="ro", status=RolloutStatus.SUCCEEDED, attempt_count=1))
     done.apply(RolloutCancelled(rollout_id="ro"))
     assert done.plan(queued(), set()).action is Action.SKIP
+
+
+def test_a_plan_names_the_rollouts_offset_it_relies_on() -> None:
+    ledger = Ledger()
+    ledger.apply(finished(1, AttemptStatus.FAILED), offset=40)
+    ledger.apply(finished(1, AttemptStatus.FAILED), offset=55)  # the same fact again, later
+    decide_plan = ledger.plan(queued(1), set())
+    assert (decide_plan.action, decide_plan.relies_on) == (Action.DECIDE, 40)  # the earliest
+    ended = RolloutFinished(rollout_id="ro", status=RolloutStatus.FAILED, attempt_count=1)
+    ledger.apply(ended, offset=70)
+    skip = ledger.plan(queued(1), set())
+    assert (skip.action, skip.relies_on) == (Action.SKIP, 70)
+    assert Ledger().plan(queued(1), set()).relies_on is None  # RUN: its own first event
+
+
+def test_the_checkpoint_folds_from_what_records_above_the_commit_rely_on() -> None:
+    # Taken over at rollouts offset 100 when the tasks partition ended at 50; the fold read
+    # up to 130.
+    p = PartitionProgress(rollouts_end=130, inherited_from=100, inherited_until=50)
+    p.started(48, relies_on=None)  # runs: what it writes lands at 130 or after
+    p.started(49, relies_on=110)  # decided from an attempt's end at rollouts offset 110
+    p.handled(50, relies_on=None)
+    assert p.checkpoint() == (48, 100)  # 48 < 50: an earlier owner may have handled more
+    p.wrote(131)
+    p.finished(48)
+    assert p.checkpoint() == (49, 100)
+    p.finished(49)
+    assert p.checkpoint() == (51, 132)  # everything handled: from the end of what was written
+    p.started(51)  # relies on 132
+    p.wrote(140)
+    p.started(52)  # relies on 141
+    assert p.checkpoint() == (51, 132)
+    p.finished(51)
+    assert p.checkpoint() == (52, 141)
+    p.finished(52)
+    assert p.checkpoint() == (53, 141)
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.booleans()), min_size=1, max_size=40),
+    st.integers(0, 30),
+    st.data(),
+)
+def test_no_record_above_the_commit_relies_on_anything_before_the_fold_start(
+    records: list[tuple[bool, int, bool]], inherited_until: int, data: st.DataObject
+) -> None:
+    """Records handled in order (run, or planned from a fact up to 5 back from the end);
+    events written at growing offsets; some records finish. Whatever the state, the next
+    owner's fold starts at or before everything a record at or above the commit relies on,
+    and at or before the inherited start while records an earlier owner handled may remain."""
+    p = PartitionProgress(rollouts_end=1000, inherited_from=990, inherited_until=inherited_until)
+    relied: dict[int, int] = {}
+    end = 1000
+    for offset, (runs, back, finishes) in enumerate(records):
+        fact = None if runs else max(990, end - back)
+        p.started(offset, relies_on=fact)
+        relied[offset] = end if fact is None else fact  # a run relies on what it writes
+        if data.draw(st.booleans()):
+            p.wrote(end)
+            end += 1
+        if finishes:
+            p.finished(offset)
+    checkpoint = p.checkpoint()
+    assert checkpoint is not None
+    position, fold_from = checkpoint
+    assert all(fold_from <= r for o, r in relied.items() if o >= position)
+    assert fold_from <= end  # records with nothing written yet will write at or after it
+    if position < inherited_until:
+        assert fold_from <= 990
