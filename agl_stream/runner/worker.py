@@ -57,7 +57,6 @@ from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
 from agl_stream.runner.resources import ResourceCache, follow_resources
 from agl_stream.streams import (
-    Batch,
     ConsumedEvent,
     EventPublisher,
     EventStream,
@@ -159,7 +158,8 @@ class Runner:
         self._publisher: EventPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self.lanes: dict[TopicPartition, Lane] = {}
-        # Records below the committed offset found at takeover are done: not handled again.
+        # The committed offset found when a partition was settled: records below it are
+        # done (the consumer may hold some, fetched from an older commit).
         self._floors: dict[TopicPartition, int] = {}
         self.takeovers: deque[Takeover] = deque(maxlen=1000)
         # Bumped by every revocation and assignment: work begun under an older assignment
@@ -237,30 +237,22 @@ class Runner:
                 await consumer_.getmany(timeout_ms=0)
                 continue
             consumer_.resume(*consumer_.paused())
-            epoch = self._epoch
             batch = await stream.next_batch(timeout_ms=200, max_records=free)
             # Partitions assigned since the last batch are settled (fenced, folded) before
             # any of their records is looked at: the batch may already hold some.
             await self._settle()
-            if epoch != self._epoch:
-                continue  # fetched under an older assignment: the new one reads it again
-            self._drop_below_floors(batch)
             # A cancel later in the batch stops a rollout queued earlier in it from starting.
             for item in batch:
                 if isinstance(item.event, RolloutCancelled):
                     self.ledger.apply(item.event)
-            deferred: dict[TopicPartition, int] = {}
             for item in batch:
                 tp = TopicPartition(item.topic, item.partition)
-                if tp in self.lanes:
+                # A partition with no lane is between a revocation and its next assignment
+                # (which reads it again from the committed offset) or not ours any more.
+                if tp in self.lanes and item.offset >= self._floors.get(tp, 0):
                     self._handle(item)
-                else:  # revoked meanwhile, or given again and not settled yet: read it later
-                    deferred[tp] = min(deferred.get(tp, item.offset), item.offset)
-            for tp, offset in deferred.items():
-                with contextlib.suppress(IllegalStateError):  # not ours: the owner reads it
-                    consumer_.seek(tp, offset)
             for tp, next_offset in batch.next_offsets.items():
-                if tp in self.progress and tp not in deferred:
+                if tp in self.progress:
                     self.progress[tp].advance(next_offset)
 
     def _progress(self, tp: TopicPartition) -> PartitionProgress:
@@ -571,12 +563,6 @@ class Runner:
     ) -> tuple[int | None, Checkpoint | None]:
         async with admin_client(self.kafka) as admin:
             return await committed_checkpoint(admin, self.group_id, tp)
-
-    def _drop_below_floors(self, batch: Batch) -> None:
-        for tp, floor in self._floors.items():
-            events = batch.events.get(tp)
-            if events:
-                batch.events[tp] = [e for e in events if e.offset >= floor]
 
     async def _rejoin(self) -> None:
         """A lane failed (fenced by a new owner, or a transaction refused): give up every
