@@ -120,3 +120,24 @@ async def test_offsets_round_trip_through_the_database(database: DatabaseSetting
         assert revision == head_revision()
     finally:
         await conn.close()
+
+
+async def test_reading_a_partition_whose_records_retention_removed_returns(
+    kafka: KafkaSettings,
+) -> None:
+    """Log start = end > 0 (every record deleted, as retention does): reading the partition
+    from offset 0 ends at once instead of waiting for a record that never comes. Before, the
+    read ended only on a record at end - 1, so it never returned (inside a rebalance callback,
+    a runner group hung)."""
+    from aiokafka.admin.records_to_delete import RecordsToDelete
+
+    from agl_stream.kafka import admin_client
+    from agl_stream.streams import read_partitions
+
+    tp = TopicPartition(Topics(kafka).name("tasks"), 0)
+    async with producer(kafka) as prod:
+        for _ in range(5):
+            await prod.send_and_wait(tp.topic, b"gone soon", partition=0)
+    async with admin_client(kafka) as admin:
+        await admin.delete_records({tp: RecordsToDelete(before_offset=5)})
+    assert await asyncio.wait_for(read_partitions(kafka, [tp]), 30) == []
