@@ -312,15 +312,23 @@ async def read_partitions(
 ) -> list[Event]:
     """Every decodable event of the partitions, from their start to their current end
     (undecodable records are skipped: the consumers that own the topic dead-letter them)."""
-    ends = await end_offsets(kafka, partitions)
+    events, ends = await _read_events(kafka, dict.fromkeys(partitions, 0))
     if ends_out is not None:
         ends_out.update(ends)
+    return [event for _, event in events]
+
+
+async def _read_events(
+    kafka: KafkaSettings, starts: Mapping[TopicPartition, int]
+) -> tuple[list[tuple[int, Event]], dict[TopicPartition, int]]:
+    """The decodable events (with their offsets) from each start to each partition's end now."""
+    ends = await end_offsets(kafka, starts)
     codec = Codec()
-    events: list[Event] = []
-    async for record in read_records(kafka, dict.fromkeys(partitions, 0), ends):
+    events: list[tuple[int, Event]] = []
+    async for record in read_records(kafka, starts, ends):
         with contextlib.suppress(DecodeError):
-            events.append(codec.decode(record.value))
-    return events
+            events.append((record.offset, codec.decode(record.value)))
+    return events, ends
 
 
 async def read_partition_from(
@@ -328,10 +336,5 @@ async def read_partition_from(
 ) -> tuple[list[tuple[int, Event]], int]:
     """The decodable events of one partition from `start` to its current end, with their
     offsets, and that end."""
-    ends = await end_offsets(kafka, [tp])
-    codec = Codec()
-    events: list[tuple[int, Event]] = []
-    async for record in read_records(kafka, {tp: start}, ends):
-        with contextlib.suppress(DecodeError):
-            events.append((record.offset, codec.decode(record.value)))
+    events, ends = await _read_events(kafka, {tp: start})
     return events, ends[tp]

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -210,7 +211,7 @@ class EmbeddedStack:
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             while alive(pid):
-                pass
+                time.sleep(0.01)
 
     def active_controller(self) -> int | None:
         """The node id of the KRaft quorum's active controller (from the nodes' logs)."""

@@ -17,9 +17,9 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
 from agl_stream.codec import Codec
@@ -112,7 +112,6 @@ class Lane:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
-        self.failed = asyncio.Event()
 
     async def open(self) -> None:
         """Start the producer: Kafka fences the partition's previous writer and settles its
@@ -227,11 +226,10 @@ class Lane:
                 )
                 pending.done.exception()  # retrieved: a caller that stopped waiting is fine
         self._pending = []
-        self.failed.set()
 
 
 async def committed_checkpoint(
-    admin: Any, group_id: str, tasks: TopicPartition
+    admin: AIOKafkaAdminClient, group_id: str, tasks: TopicPartition
 ) -> tuple[int | None, Checkpoint | None]:
     """The group's committed tasks offset for the partition and the fold start stored with it."""
     offsets = await admin.list_consumer_group_offsets(group_id, partitions=[tasks])

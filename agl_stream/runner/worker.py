@@ -162,8 +162,8 @@ class Runner:
         # done (the consumer may hold some, fetched from an older commit).
         self._floors: dict[TopicPartition, int] = {}
         self.takeovers: deque[Takeover] = deque(maxlen=1000)
-        # Bumped by every revocation and assignment: work begun under an older assignment
-        # (a batch fetched, a partition being settled) is dropped, not applied to the new.
+        # Bumped by every revocation and assignment: a partition settled under an older
+        # assignment gets no lane (the new assignment settles what is ours then).
         self._epoch = 0
         self._rebalancing = False
         self.gateway: Gateway | None = None
