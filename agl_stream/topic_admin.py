@@ -101,6 +101,7 @@ async def apply_topics(
             raise TopicsNotReady(f"topics could not be created on {settings.bootstrap_servers}")
         fixable = [d for d in plan.drift if d.fixable]
         altered = await _alter(admin, fixable)
+        await _until_configured(admin, altered)
     left = tuple(d for d in fixable if d not in altered)
     return ApplyReport(
         created=tuple(created),
@@ -142,6 +143,19 @@ async def _until_visible(admin: AIOKafkaAdminClient, names: list[str], within: f
             and all(p["leader"] >= 0 for p in t["partitions"])
         }
         if ready >= set(names) or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _until_configured(
+    admin: AIOKafkaAdminClient, altered: tuple[Drift, ...], within: float = 30
+) -> None:
+    """Wait until the brokers describe the altered configs with their new values (a
+    broker's view follows an AlterConfigs a moment later)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while altered and asyncio.get_running_loop().time() < deadline:
+        observed = await _observe(admin, {d.topic for d in altered})
+        if all(observed[d.topic].configs.get(d.setting) == d.expected for d in altered):
             return
         await asyncio.sleep(0.05)
 
