@@ -127,21 +127,32 @@ class Lane:
         """Queue an event for the next transaction; the future resolves once it committed.
         An event that cannot go (not allowed there, not encodable, too large) raises here,
         for its sender alone."""
+        (future,) = await self.send_all([(short_topic, event)])
+        return future
+
+    async def send_all(
+        self, events: list[tuple[str, Event]]
+    ) -> list[asyncio.Future[RecordMetadata]]:
+        """Queue events that must commit together (an attempt's end and what follows it):
+        all go into the same transaction, or none is queued if one of them cannot go."""
+        if not self.alive:
+            raise LaneClosed(f"the lane of {self.tasks} is closed") from self.error
+        batch = [self._pending_for(short_topic, event) for short_topic, event in events]
+        self._pending.extend(batch)  # no await since the check: one transaction takes all
+        self._wake.set()
+        return [pending.done for pending in batch]
+
+    def _pending_for(self, short_topic: str, event: Event) -> _Pending:
         full = self.topics.name(short_topic)
         if not self.topics.allows(full, event.type_name()):
             raise EventNotAllowed(f"{event.type_name()} events do not belong on {full}")
-        if not self.alive:
-            raise LaneClosed(f"the lane of {self.tasks} is closed") from self.error
         value = self._codec.encode(event)
         if len(value) > MAX_RECORD_BYTES:
             raise EventTooLarge(
                 f"a {event.type_name()} of {len(value):,} bytes is larger than a record may be "
                 f"({MAX_RECORD_BYTES:,})"
             )
-        pending = _Pending(full, event.key.encode(), value, event.type_name())
-        self._pending.append(pending)
-        self._wake.set()
-        return pending.done
+        return _Pending(full, event.key.encode(), value, event.type_name())
 
     def commit(self, offset: int, checkpoint: Checkpoint) -> None:
         """The tasks offset (and fold start) the next transaction records."""

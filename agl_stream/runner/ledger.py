@@ -2,7 +2,7 @@
 
 The rollouts topic is partitioned like the tasks topic, so the owner of tasks partition p
 reads rollouts partition p to learn which rollouts already finished, which attempts ended,
-and whether a decision after an attempt was already taken, before it runs anything again.
+and which were cancelled, before it runs anything again.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from agl_stream.events import (
 @dataclass
 class RolloutState:
     terminal: RolloutStatus | None = None
-    # attempt number -> the last attempt with that number that finished
-    finished: dict[int, AttemptFinished] = field(default_factory=dict)
-    queued_numbers: set[int] = field(default_factory=set)
     cancel: RolloutCancelled | None = None
     # Where on the rollouts partition the facts above are (None: not known, e.g. written
     # by this runner in a transaction not committed yet): a plan that relies on a fact
     # tells the commit how far back the next owner must fold (see offsets.py).
     terminal_at: int | None = None
+    # attempt number -> where its (earliest) AttemptFinished is
     finished_at: dict[int, int | None] = field(default_factory=dict)
 
 
@@ -40,15 +38,13 @@ class Action(Enum):
     RUN = "run"  # execute a new attempt
     SKIP = "skip"  # already done, or a duplicate of one in flight
     CANCEL = "cancel"  # finish the rollout as cancelled without running it
-    DECIDE = "decide"  # the attempt ran, but what follows it was never published
 
 
 @dataclass(frozen=True)
 class Plan:
     action: Action
-    finished: AttemptFinished | None = None  # for DECIDE: the attempt to decide on
-    # The rollouts offset of the fact the plan relies on (SKIP of a finished rollout,
-    # DECIDE); None when it relies on none there, or on one whose offset is not known yet.
+    # The rollouts offset of the fact the plan relies on (SKIP of a finished rollout or
+    # attempt); None when it relies on none there, or on one whose offset is not known yet.
     relies_on: int | None = None
 
 
@@ -69,18 +65,17 @@ class Ledger:
             state.terminal_at = _earliest(state.terminal_at, offset)
         elif isinstance(event, AttemptFinished):
             state = self.state(event.rollout_id)
-            state.finished[event.attempt_number] = event
             earlier = state.finished_at.get(event.attempt_number)
             state.finished_at[event.attempt_number] = _earliest(earlier, offset)
-        elif isinstance(event, RolloutQueued):
-            self.state(event.rollout_id).queued_numbers.add(event.attempt_number)
         elif isinstance(event, RolloutCancelled):
             state = self.state(event.rollout_id)
             if state.terminal is None:
                 state.cancel = event
 
     def plan(self, task: RolloutQueued, running: Container[tuple[str, int]]) -> Plan:
-        """What to do with a queued rollout record now."""
+        """What to do with a queued rollout record now. An attempt's end commits together
+        with what follows it (a retry record or the rollout's end), so an attempt known to
+        have finished needs nothing more: its retry, if any, is a later record."""
         state = self.rollouts.get(task.rollout_id, RolloutState())
         if state.terminal is not None:
             return Plan(Action.SKIP, relies_on=state.terminal_at)
@@ -88,16 +83,9 @@ class Ledger:
             return Plan(Action.SKIP)
         if state.cancel is not None:
             return Plan(Action.CANCEL)
-        done = state.finished.get(task.attempt_number)
-        if done is None:
+        if task.attempt_number not in state.finished_at:
             return Plan(Action.RUN)
-        relies_on = state.finished_at.get(task.attempt_number)
-        later = any(n > task.attempt_number for n in state.queued_numbers | set(state.finished))
-        return (
-            Plan(Action.SKIP, relies_on=relies_on)
-            if later
-            else Plan(Action.DECIDE, done, relies_on)
-        )
+        return Plan(Action.SKIP, relies_on=state.finished_at.get(task.attempt_number))
 
 
 def _earliest(known: int | None, offset: int | None) -> int | None:

@@ -280,15 +280,11 @@ class Runner:
         key = (event.rollout_id, event.attempt_number)
         if plan.action is Action.RUN:
             work = self._attempt(key, claim, event)
-        elif plan.action is Action.CANCEL:
+        else:
             cancel = self.ledger.state(event.rollout_id).cancel
+            assert plan.action is Action.CANCEL
             assert cancel is not None
             work = self._end(claim, event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
-        else:
-            assert plan.finished is not None
-            finished = plan.finished
-            outcome = Outcome(finished.status, finished.error, finished.reward, finished.span_count)
-            work = self._apply_decision(claim, event, finished.attempt_id, outcome)
         job = asyncio.create_task(self._job(key, tp, item.offset, work))
         self.in_flight[key] = InFlight(tp, item.offset, event, job)
 
@@ -324,11 +320,11 @@ class Runner:
     # -- one rollout record -----------------------------------------------------------------
 
     async def _publish(self, claim: Claim, *events: tuple[str, Event]) -> None:
-        """Send through the partition's lane in order (one transaction keeps the order), then
-        wait until all are committed; what lands on the lifecycle and tasks topics updates
-        the ledger, and the rollouts offsets tell the commit where the record's facts are."""
-        lane = self._lane(claim)
-        pending = [await lane.send(topic, event) for topic, event in events]
+        """Send through the partition's lane in one transaction (all of them or none, in
+        order), then wait until they are committed; what lands on the lifecycle and tasks
+        topics updates the ledger, and the rollouts offsets tell the commit where the
+        record's facts are."""
+        pending = await self._lane(claim).send_all(list(events))
         landed = await asyncio.gather(*pending)
         for (topic, event), meta in zip(events, landed, strict=True):
             self._landed(claim, topic, event, meta)
@@ -398,23 +394,16 @@ class Runner:
             await self._apply_decision(claim, task, attempt_id, outcome, finished)
 
     async def _apply_decision(
-        self,
-        claim: Claim,
-        task: RolloutQueued,
-        attempt_id: str,
-        outcome: Outcome,
-        finished: AttemptFinished | None = None,
-    ) -> None:
-        """Publish what follows an attempt (after its AttemptFinished, when given)."""
+        self, claim: Claim, task: RolloutQueued, attempt_id: str, outcome: Outcome,
+        finished: AttemptFinished,
+    ) -> None:  # fmt: skip
+        """Publish an attempt's end together with what follows it (a retry or the rollout's
+        end), in one transaction: whoever sees the end sees the decision too, so a next
+        owner never decides a second time (a second retry record would run the rollout
+        again after a later takeover whose fold starts past its end)."""
         decision = decide(task, attempt_id, outcome.status, outcome.error)
-        first = [("rollouts", finished)] if finished is not None else []
         if isinstance(decision, Requeue):
-            # Another topic, so no shared order: the retry goes only once the attempt's end
-            # is on the broker (else a crash between could leave a retry of an attempt that
-            # the next owner would run again).
-            if first:
-                await self._publish(claim, *first)
-            await self._publish(claim, ("tasks", decision.queued))
+            await self._publish(claim, ("rollouts", finished), ("tasks", decision.queued))
             self.counts["requeued"] += 1
         else:
             await self._end(claim, task, attempt_id, decision.status, decision.error, finished)

@@ -184,9 +184,10 @@ async def test_chaos(
         summary.attempts += len(attempts)
         succeeded = [a for a in attempts if a["status"] == "succeeded"]
         if len(succeeded) > 1:
-            # Seen once in ~6 CI-size runs on the cluster, with broker kills (issue 17 stays
-            # open for it): reported, and counted once by the read model and the trainer.
-            twice.append(rollout_id)
+            # How each attempt ran, to find the cause if it ever shows again.
+            twice.append(
+                (rollout_id, [(a["attempt_number"], a["worker_id"], a["status"]) for a in attempts])
+            )
         counted = entry["rollout"]["reward"]
         if status == "succeeded" and counted not in {a["reward"] for a in succeeded}:
             doubled.append((rollout_id, counted))
@@ -245,6 +246,7 @@ async def test_chaos(
         "differences from a replay": differ,
         "lineage problems": problems,
         "trained attempts that did not succeed": not_trainable,
+        "rollouts run to success twice": twice,
         "rollouts trained on twice": [r for r, n in Counter(r for r, _ in used).items() if n > 1],
         "workers that died by themselves": crew.died,
     }

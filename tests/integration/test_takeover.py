@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 
 from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
-from agl_stream.enqueue import RolloutOptions, enqueue
+from agl_stream.enqueue import RolloutOptions, enqueue, make_rollout
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
@@ -37,10 +37,10 @@ from tests.integration.runs import (
 pytestmark = pytest.mark.slow
 
 
-async def _finished_by_a_victim(kafka: KafkaSettings, ids: list[str]) -> dict[str, str]:
+async def _left_by_a_victim(kafka: KafkaSettings, ids: list[str]) -> dict[str, str]:
     """What a runner killed right after a burst leaves: the tasks queued and not committed,
-    each attempt started and succeeded, and the rollout's finish for half of them (the
-    other half's decision was lost in the crash). Returns rollout id -> the attempt id."""
+    each attempt started; half of them also succeeded, with the rollout's end (committed
+    together), the other half were cut off mid-attempt. Returns rollout id -> attempt id."""
     topics = Topics(kafka)
     attempts = {rollout_id: uuid.uuid4().hex for rollout_id in ids}
     await enqueue(kafka, [{"spans": 0, "rollout_id": r} for r in ids], RolloutOptions())
@@ -53,19 +53,19 @@ async def _finished_by_a_victim(kafka: KafkaSettings, ids: list[str]) -> dict[st
                 "attempt_number": 1,
                 "worker_id": "victim",
             }
-            lifecycle: list[Any] = [
-                AttemptStarted(**common, task_offset=i),
-                AttemptFinished(**common, status=AttemptStatus.SUCCEEDED, span_count=0, reward=1),
-            ]
+            lifecycle: list[Any] = [AttemptStarted(**common, task_offset=i)]
             if i % 2 == 0:
-                lifecycle.append(
+                lifecycle += [
+                    AttemptFinished(
+                        **common, status=AttemptStatus.SUCCEEDED, span_count=0, reward=1
+                    ),
                     RolloutFinished(
                         rollout_id=rollout_id,
                         status=RolloutStatus.SUCCEEDED,
                         attempt_id=attempts[rollout_id],
                         attempt_count=1,
-                    )
-                )
+                    ),
+                ]
             await publisher.publish_many("rollouts", lifecycle)
     return attempts
 
@@ -79,7 +79,7 @@ async def test_a_new_owner_never_runs_again_what_finished_above_the_commit(
     A slow fold (fold_delay) shows the order is enforced, not won by timing."""
     partitions = Topics(kafka).specs["tasks"].partitions
     ids = ids_on_partition(0, partitions, 20, f"burst-{uuid.uuid4().hex[:6]}")
-    attempts = await _finished_by_a_victim(kafka, ids)
+    attempts = await _left_by_a_victim(kafka, ids)
     real_fold = worker.read_partition_from
 
     async def slow_fold(*args: Any) -> Any:
@@ -89,15 +89,63 @@ async def test_a_new_owner_never_runs_again_what_finished_above_the_commit(
     monkeypatch.setattr(worker, "read_partition_from", slow_fold)
     async with runner_in_process(kafka) as runner:
         h = await wait_terminal(kafka, ids, 60)
-    for rollout_id in ids:
-        assert [s.worker_id for s in h.started[rollout_id]] == ["victim"], rollout_id
-        assert [f.attempt_id for f in h.finished[rollout_id]] == [attempts[rollout_id]]
+    for i, rollout_id in enumerate(ids):
+        finished = h.finished[rollout_id]
         final = h.final(rollout_id)
-        assert final is not None and final.attempt_id == attempts[rollout_id]
-        assert final.status == RolloutStatus.SUCCEEDED
+        assert final is not None and final.status == RolloutStatus.SUCCEEDED
+        assert len(finished) == 1 and final.attempt_id == finished[0].attempt_id
+        if i % 2 == 0:  # finished by the victim: not run again
+            assert [s.worker_id for s in h.started[rollout_id]] == ["victim"], rollout_id
+            assert finished[0].attempt_id == attempts[rollout_id]
+        else:  # cut off: run again, once
+            workers = [s.worker_id for s in h.started[rollout_id]]
+            assert len(workers) == 2 and workers[0] == "victim", workers
+            assert finished[0].worker_id != "victim"
     assert runner.counts["skipped"] == len(ids) // 2  # the finished ones
-    assert runner.counts["attempts_succeeded"] == 0  # nothing ran again
-    assert runner.counts["rollouts_succeeded"] == len(ids) // 2  # the lost decisions, taken
+    assert runner.counts["attempts_succeeded"] == len(ids) // 2  # the cut-off ones, once
+
+
+async def test_an_attempt_found_ended_is_not_retried_a_second_time(
+    kafka: KafkaSettings,
+) -> None:
+    """A victim ran attempt 1 of each rollout, which failed; it committed the attempt's end
+    and the retry record (attempt 2) together, then died before committing its offset. The
+    new owner meets the attempt-1 record first, with the end folded but the retry record
+    not read yet: it must not queue a second retry. (It did: after one more takeover whose
+    fold began past the rollout's end, that second retry record ran the rollout to success
+    a second time: the chaos test's double success under broker kills.)"""
+    topics = Topics(kafka)
+    partitions = topics.specs["tasks"].partitions
+    ids = ids_on_partition(0, partitions, 10, f"retried-{uuid.uuid4().hex[:6]}")
+    options = RolloutOptions(max_attempts=2, retry_condition=(AttemptStatus.FAILED,))
+    await enqueue(kafka, [{"spans": 0, "rollout_id": r} for r in ids], options)
+    async with producer(kafka) as prod:
+        publisher = EventPublisher(prod, topics)
+        for i, rollout_id in enumerate(ids):
+            first = make_rollout({"spans": 0}, options, rollout_id)
+            common: dict[str, Any] = {
+                "rollout_id": rollout_id, "attempt_id": f"victim-{i}", "attempt_number": 1,
+                "worker_id": "victim",
+            }  # fmt: skip
+            await publisher.publish_many(
+                "rollouts",
+                [
+                    AttemptStarted(**common, task_offset=i),
+                    AttemptFinished(**common, status=AttemptStatus.FAILED, span_count=0),
+                ],
+            )
+            retry = first.model_copy(
+                update={"attempt_number": 2, "previous_attempt_id": f"victim-{i}"}
+            )
+            await publisher.publish("tasks", retry)
+    async with runner_in_process(kafka) as runner:
+        h = await wait_terminal(kafka, ids, 60)
+    for rollout_id in ids:
+        assert [q.attempt_number for q in h.queued[rollout_id]] == [1, 2], rollout_id
+        succeeded = [f for f in h.finished[rollout_id] if f.status == AttemptStatus.SUCCEEDED]
+        assert [f.attempt_number for f in succeeded] == [2]
+        assert len(h.ended[rollout_id]) == 1
+    assert runner.counts["requeued"] == 0
 
 
 async def test_a_runner_frozen_past_its_session_cannot_publish_after_the_takeover(

@@ -100,15 +100,16 @@ def test_ledger_skips_a_duplicate_of_work_in_flight() -> None:
     assert Ledger().plan(queued(2), {("ro", 2)}).action is Action.SKIP
 
 
-def test_ledger_decides_again_when_the_decision_was_lost() -> None:
-    """Crash after AttemptFinished, before the retry or the finish was published."""
+def test_an_attempt_known_to_have_ended_is_not_decided_again() -> None:
+    """A new owner that finds attempt 1's end before it has read the retry record (a later
+    record of the partition) must not publish a second retry: the retry committed with the
+    end. (It used to; after one more takeover whose fold started past the rollout's end,
+    the second retry record ran the rollout to success a second time.)"""
     ledger = Ledger()
-    ledger.apply(queued(1))
-    ledger.apply(finished(1, AttemptStatus.FAILED))
+    ledger.apply(finished(1, AttemptStatus.FAILED), offset=7)
     plan = ledger.plan(queued(1), set())
-    assert plan.action is Action.DECIDE and plan.finished is not None
-    ledger.apply(queued(2))  # the retry is there: nothing more to decide about attempt 1
-    assert ledger.plan(queued(1), set()).action is Action.SKIP
+    assert (plan.action, plan.relies_on) == (Action.SKIP, 7)
+    assert ledger.plan(queued(2), set()).action is Action.RUN
 
 
 def test_ledger_reruns_an_attempt_that_started_but_never_finished() -> None:
@@ -132,8 +133,8 @@ def test_a_plan_names_the_rollouts_offset_it_relies_on() -> None:
     ledger = Ledger()
     ledger.apply(finished(1, AttemptStatus.FAILED), offset=40)
     ledger.apply(finished(1, AttemptStatus.FAILED), offset=55)  # the same fact again, later
-    decide_plan = ledger.plan(queued(1), set())
-    assert (decide_plan.action, decide_plan.relies_on) == (Action.DECIDE, 40)  # the earliest
+    attempt_plan = ledger.plan(queued(1), set())
+    assert (attempt_plan.action, attempt_plan.relies_on) == (Action.SKIP, 40)  # the earliest
     ended = RolloutFinished(rollout_id="ro", status=RolloutStatus.FAILED, attempt_count=1)
     ledger.apply(ended, offset=70)
     skip = ledger.plan(queued(1), set())
