@@ -16,7 +16,7 @@ from agl_stream.cli.common import (
     run,
     text_or_file,
 )
-from agl_stream.events import LLM, PromptTemplate, ResourcesPublished, TemplateEngine
+from agl_stream.events import LLM, PromptTemplate, TemplateEngine
 from agl_stream.templates import TemplateError
 
 
@@ -111,31 +111,27 @@ def publish(
     if not named:
         raise click.UsageError("say what to publish: --llm and/or --prompt")
     meta = parse_key_values(metadata, "--metadata")
-    version = run(_publish(app, resources_id, named, carry, meta))
-    console.print(f"published {resources_id} as version {version}", highlight=False)
+    version, created = run(_publish(app, resources_id, named, carry, meta))
+    if created:
+        console.print(f"published {resources_id} as version {version}", highlight=False)
+    else:
+        console.print(
+            f"{resources_id} was already published with these resources, as version {version}",
+            highlight=False,
+        )
 
 
 async def _publish(
     app: AppContext, resources_id: str, named: dict[str, Any], carry: bool, meta: dict[str, str]
-) -> int:
-    from agl_stream.kafka import producer
-    from agl_stream.runner.resources import read_resources
-    from agl_stream.streams import EventPublisher, Topics
+) -> tuple[int, bool]:
+    from agl_stream.resources import Change, ResourcesConflict, ResourcesPublisher
 
-    kafka = app.kafka()
-    cache = await read_resources(kafka)
-    if resources_id in cache.versions:
-        raise click.UsageError(f"{resources_id} is already published; versions are immutable")
-    carried = dict(cache.latest.resources) if carry and cache.latest is not None else {}
     try:
-        event = ResourcesPublished(
-            resources_id=resources_id, version=cache.top_version + 1,
-            resources={**carried, **named}, published_by="cli",
-            parent_resources_id=cache.latest.resources_id if cache.latest else None,
-            metadata=meta,
-        )  # fmt: skip
+        change = Change(resources=named, resources_id=resources_id, carry=carry, metadata=meta)
+        async with ResourcesPublisher(app.kafka(), published_by="cli") as publisher:
+            event = await publisher.publish(change)
     except ValidationError as exc:
         raise click.UsageError(f"invalid resources: {exc.errors()[0]['msg']}") from None
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish("resources", event)
-    return event.version
+    except ResourcesConflict as exc:
+        raise click.UsageError(str(exc)) from None
+    return event.version, resources_id in publisher.created

@@ -106,7 +106,7 @@ def serve(
 
 async def _follow(app: AppContext, server: PolicyServer, resource: str, pin: str | None) -> None:
     from agl_stream.kafka import producer
-    from agl_stream.runner.resources import ResourceCache, follow_resources
+    from agl_stream.resources import ResourceCache, follow_resources
 
     cache = ResourceCache()
     kafka = app.kafka()

@@ -27,7 +27,7 @@ from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, RolloutMode
 from agl_stream.kafka import consumer, end_offsets, producer
 from agl_stream.queries import QueryError, ReadModel
-from agl_stream.runner.resources import read_resources
+from agl_stream.resources import Change, publish_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
 
 AGENT = "agl_stream.demo.task:echo_letter"
@@ -75,20 +75,12 @@ def _worker_command(role: str, *extra: str) -> list[str]:
 
 
 async def publish_endpoint(kafka: KafkaSettings, config: DemoConfig, port: int) -> None:
-    """The policy server as the run's LLM resource: published before the trainer starts as
-    the latest version (above every version number on the topic, as `resources publish`
-    does), so the trainer carries this run's endpoint into every version it publishes, not
-    the endpoint of an earlier run's (stopped) policy server."""
+    """The policy server as the run's LLM resource, published before the trainer starts as
+    the latest version and carrying nothing (resources.py): the trainer's versions carry
+    this run's endpoint, never an earlier run's (stopped) policy server or checkpoint."""
     llm = LLM(endpoint=f"http://127.0.0.1:{port}/v1", model="policy")
-    latest = (await read_resources(kafka)).top_version
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish(
-            "resources",
-            ResourcesPublished(
-                resources_id=config.endpoint_id, version=latest + 1, resources={"llm": llm},
-                published_by="demo",
-            ),
-        )  # fmt: skip
+    change = Change(resources={"llm": llm}, resources_id=config.endpoint_id, carry=False)
+    await publish_resources(kafka, change, published_by="demo")
 
 
 @contextmanager

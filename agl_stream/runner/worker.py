@@ -50,12 +50,12 @@ from agl_stream.events import (
 )
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
+from agl_stream.resources import ResourceCache, follow_resources
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.lane import Checkpoint, Lane, LaneClosed, committed_checkpoint
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
-from agl_stream.runner.resources import ResourceCache, follow_resources
 from agl_stream.streams import (
     ConsumedEvent,
     EventPublisher,

@@ -15,7 +15,7 @@ from aiohttp import web
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
-from agl_stream.runner.resources import ResourceCache
+from agl_stream.resources import ResourceCache
 from agl_stream.serving.api import (
     Answered,
     Detokenizer,

@@ -40,6 +40,17 @@ class CheckpointStore:
     def step_dir(self, step: int) -> Path:
         return self.root / f"step-{step:06d}"
 
+    def step_of(self, uri: str) -> int | None:
+        """The step whose directory `uri` names, if it is one of this store's."""
+        try:
+            path = checkpoint_root(uri)
+        except ValueError:
+            return None
+        if path.parent != self.root or not path.name.startswith("step-"):
+            return None
+        number = path.name.removeprefix("step-")
+        return int(number) if number.isdigit() else None
+
     def steps(self) -> list[int]:
         if not self.root.is_dir():
             return []

@@ -35,7 +35,7 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.kafka import consumer, producer
-from agl_stream.runner.resources import ResourceCache, follow_resources
+from agl_stream.resources import Change, ResourceCache, ResourcesPublisher, follow_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
@@ -121,9 +121,11 @@ class Trainer:
         self.cut: dict[TP, int] = {}
         self.assembler = Assembler(config.patience_records)
         self.groups = Groups(config.group_size, config.groups_per_step)
+        # resources id -> the step of this trainer's policy that the version holds, for
+        # staleness: counted in policy updates, whoever published versions in between.
         self.versions: dict[str, int] = {}
-        self._carried: dict[str, Any] = {}
         self.resources = ResourceCache()  # folded from the resources topic while it runs
+        self._resources_out: ResourcesPublisher | None = None
         self._time_stops: dict[TP, int] = {}
         self._evicted: list[Trajectory] = []
         self._policy: Policy | None = None
@@ -140,8 +142,10 @@ class Trainer:
             producer(self.kafka) as prod,
             consumer(self.kafka, group_id=self.group_id) as cons,
             self._following_resources(prod),
+            ResourcesPublisher(self.kafka, self.config.worker_id) as resources_out,
         ):
             self._publisher = EventPublisher(prod, self.topics)
+            self._resources_out = resources_out
             tps = self._partitions()
             await self._resume_or_start(cons, tps)
             await self._publish_current()
@@ -167,7 +171,7 @@ class Trainer:
         )
         try:
             await loaded.wait()
-            self._take_resources()
+            self._note_versions()
             yield
         finally:
             following.cancel()
@@ -223,7 +227,7 @@ class Trainer:
         rule = self.config.staleness
 
         def too_stale(t: Trajectory) -> bool:
-            return rule.weight(self.versions.get(t.resources_id or ""), self.version) is None
+            return rule.weight(self.versions.get(t.resources_id or ""), self.step) is None
 
         self._evicted += self.groups.evict(too_stale)
 
@@ -232,17 +236,16 @@ class Trainer:
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
         assert self._grpo is not None
         started = time.monotonic()
+        self._note_versions()
         step_input = build_step(
             self.groups.take(),
             self.versions,
-            self.version,
+            self.step,
             self.config.staleness,
             self.config.reward_rule,
             self.config.grpo.scale_rewards,
         )
         evicted, self._evicted = self._evicted, []
-        # Others may have published since (APO, a new endpoint): carry what is latest now.
-        self._take_resources()
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
         stats = None
@@ -255,8 +258,6 @@ class Trainer:
         self.assembler.prune(cut)
         consumed = {tp: (self.cut.get(tp, 0), end) for tp, end in cut.items()}
         self.step += 1
-        self.version += 1
-        self.resources_id = f"{self.config.run_name}-v{self.version}"
         state = self._state(cut, consumed, step_input, stats)
         await asyncio.to_thread(self._write_checkpoint, state)
         self.cut = cut
@@ -290,8 +291,6 @@ class Trainer:
         counts.update({f"assembler_{k}": v for k, v in self.assembler.counts.items()})
         return {
             "step": self.step,
-            "version": self.version,
-            "resources_id": self.resources_id,
             "run_name": self.config.run_name,
             "created_at": time.time(),
             "cut": {name(tp): offset for tp, offset in sorted(cut.items())},
@@ -305,9 +304,6 @@ class Trainer:
             else [],
             "stats": vars(stats) if stats else None,
             "assembler": self.assembler.memory(),
-            # What the published version carries besides the policy, so that a restart
-            # republishes exactly what was published.
-            "carried": {k: v.model_dump(mode="json") for k, v in self._carried.items()},
         }
 
     def _write_checkpoint(self, state: dict[str, Any]) -> None:
@@ -342,8 +338,6 @@ class Trainer:
         begin = {(t, p): firsts[TopicPartition(self.topics.name(t), p)] for t, p in tps}
         self.cut = {tp: max(begin[tp], (self.config.start or {}).get(tp, 0)) for tp in tps}
         self.positions = dict(self.cut)
-        self.version = max(self.versions.values(), default=-1) + 1
-        self.resources_id = f"{self.config.run_name}-v{self.version}"
         self._policy = await asyncio.to_thread(
             initial_policy, self.config.init_model, self.config.grpo.seed
         )
@@ -355,15 +349,14 @@ class Trainer:
 
         step = int(directory.name.split("-")[1])
         state = self.store.state(step)
-        self.step, self.version = state["step"], state["version"]
-        self.resources_id = state["resources_id"]
+        self.step = state["step"]
         self.cut = {partition_of(name): offset for name, offset in state["cut"].items()}
         self.positions = dict(self.cut)
         self.assembler = Assembler.resume(state["assembler"], self.config.patience_records)
         self._policy = load_policy(directory)
         self._grpo = GRPO(self._policy.model, self._pad_id(), self.config.grpo)
         self._grpo.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=False))
-        log.info("resumed from %s (step %d, version %d)", directory, self.step, self.version)
+        log.info("resumed from %s (step %d)", directory, self.step)
 
     def _pad_id(self) -> int:
         assert self._policy is not None
@@ -372,39 +365,58 @@ class Trainer:
 
     # -- resources ----------------------------------------------------------------------------
 
-    def _take_resources(self) -> None:
-        """Versions known so far (for staleness), and the latest one's resources that the
-        trainer does not own (a prompt template, an endpoint), which its versions carry."""
-        self.versions.update({rid: e.version for rid, e in self.resources.versions.items()})
-        if self.resources.latest is not None:
-            latest = self.resources.latest.resources
-            self._carried = {k: v for k, v in latest.items() if k != POLICY_RESOURCE}
+    def _note_versions(self) -> None:
+        """Which of this trainer's policy steps each known version holds (for staleness)."""
+        for rid, event in self.resources.versions.items():
+            policy = event.resources.get(POLICY_RESOURCE)
+            if rid not in self.versions and isinstance(policy, Checkpoint):
+                step = self.store.step_of(policy.uri)
+                if step is not None:
+                    self.versions[rid] = step
+
+    def _own_version(self, step: int) -> ResourcesPublished | None:
+        """The version holding this store's checkpoint of `step`, if one is published (the
+        trainer was stopped between publishing it and its next step)."""
+        for event in self.resources.versions.values():
+            policy = event.resources.get(POLICY_RESOURCE)
+            if (
+                event.metadata.get("step") == str(step)
+                and isinstance(policy, Checkpoint)
+                and self.store.step_of(policy.uri) == step
+            ):
+                return event
+        return None
 
     async def _publish_current(self) -> None:
-        """Publish the latest checkpoint's version (again, after a restart: same id, same
-        content, so a consumer folding the compacted topic sees no change)."""
-        self.versions[self.resources_id] = self.version
-        if not self.config.publish or self._publisher is None:
-            return
+        """Publish the latest checkpoint as a new resources version: the policy on top of
+        the latest version's other resources (a prompt, an endpoint), numbered by the
+        topic (resources.py); a restart finds the step's version if it is out already."""
         directory = self.store.step_dir(self.step)
-        state = self.store.state(self.step)
         checkpoint = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+        if not self.config.publish or self._resources_out is None:
+            self.resources_id = f"{self.config.run_name}-step{self.step}"
+            return
+        state = self.store.state(self.step)
         metadata = {"step": str(self.step), "run_name": self.config.run_name}
         if state.get("mean_reward") is not None:
             metadata["mean_reward"] = f"{state['mean_reward']:.6f}"
         for key in ("samples", "trajectories", "dropped_stale", "downweighted_stale"):
             if key in state["counts"]:
                 metadata[key] = str(state["counts"][key])
-        previous = f"{self.config.run_name}-v{self.version - 1}" if self.step > 0 else None
-        await self._publisher.publish(
-            "resources",
-            ResourcesPublished(
-                resources_id=self.resources_id, version=self.version,
-                resources={**state.get("carried", self._carried), POLICY_RESOURCE: checkpoint},
-                published_by=self.config.worker_id, parent_resources_id=previous,
-                metadata=metadata,
-            ),
-        )  # fmt: skip
+        found = self._own_version(self.step)
+        if found is not None and found.resources[POLICY_RESOURCE] == checkpoint:
+            event = found  # a restart finds it instead of publishing it again
+        else:
+            previous = self._own_version(self.step - 1) if self.step > 0 else None
+            parent = self.resources_id or (previous.resources_id if previous else None)
+            event = await self._resources_out.publish(
+                Change(
+                    resources={POLICY_RESOURCE: checkpoint}, id_prefix=self.config.run_name,
+                    parent_resources_id=parent, metadata=metadata,
+                )
+            )  # fmt: skip
+        self.resources_id, self.version = event.resources_id, event.version
+        self.versions[event.resources_id] = self.step
 
     # -- heartbeats ---------------------------------------------------------------------------
 

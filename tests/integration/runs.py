@@ -25,9 +25,10 @@ from agl_stream.events import (
     RolloutQueued,
     SpanRecorded,
 )
-from agl_stream.kafka import producer
+from agl_stream.resources import Change
+from agl_stream.resources import publish_resources as publish_version
 from agl_stream.runner.worker import Runner, RunnerConfig
-from agl_stream.streams import EventPublisher, Topics, read_partitions
+from agl_stream.streams import Topics, read_partitions
 from tests.integration.helpers import eventually
 
 
@@ -97,14 +98,11 @@ def ids_on_partition(partition: int, partitions: int, count: int, prefix: str) -
 
 
 async def publish_resources(
-    kafka: KafkaSettings, resources_id: str, version: int, **resources: Any
-) -> None:
-    """Publish one resources version (as a user or another algorithm would)."""
-    async with producer(kafka) as prod:
-        await EventPublisher(prod, Topics(kafka)).publish(
-            "resources",
-            ResourcesPublished(resources_id=resources_id, version=version, resources=resources),
-        )
+    kafka: KafkaSettings, resources_id: str, **resources: Any
+) -> ResourcesPublished:
+    """Publish one version as a user or another algorithm would (resources.py's rule)."""
+    change = Change(resources=resources, resources_id=resources_id)
+    return await publish_version(kafka, change, published_by="test")
 
 
 async def queue(kafka: KafkaSettings, tasks: list[Any], **options: Any) -> list[str]:

@@ -23,7 +23,7 @@ from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
 from agl_stream.events import LLM, ResourcesPublished, RolloutQueued
 from agl_stream.queries import ReadModel
-from agl_stream.runner.resources import ResourceCache
+from agl_stream.resources import ResourceCache
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
 from agl_stream.streams import EventPublisher, Topics, read_partitions
@@ -56,7 +56,7 @@ async def world_endpoint() -> AsyncIterator[tuple[str, web.Application]]:
 
 
 async def publish_llm(kafka: KafkaSettings, endpoint: str) -> None:
-    await publish_resources(kafka, "setup-v0", 0, llm=LLM(endpoint=endpoint, model="rules"))
+    await publish_resources(kafka, "setup-v0", llm=LLM(endpoint=endpoint, model="rules"))
 
 
 async def resources(kafka: KafkaSettings) -> list[ResourcesPublished]:
@@ -258,8 +258,14 @@ async def test_apo_killed_mid_round_resumes_without_losing_or_repeating(
             "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
             "resources", "publish", "setup-v0", "--llm", f"llm={endpoint}@rules",
         )  # fmt: skip
-        assert again.exit_code == 2
-        assert "already published" in again.output
+        assert again.exit_code == 0, again.output  # safe to run again: found, not doubled
+        assert "already published with these resources, as version 0" in again.output
+        other = await invoke_cli(
+            "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+            "resources", "publish", "setup-v0", "--llm", "llm=http://elsewhere/v1@rules",
+        )  # fmt: skip
+        assert other.exit_code == 2
+        assert "already published with other resources" in other.output
         first = await apo_process(kafka, database, state_dir, endpoint, log)
 
         async def mid_round_one() -> bool:

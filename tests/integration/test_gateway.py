@@ -34,7 +34,7 @@ CALL = "agl.llm.call"
 
 
 async def publish_llm(kafka: KafkaSettings, endpoint: str) -> None:
-    await publish_resources(kafka, "llm-1", 1, llm=LLM(endpoint=endpoint, model="policy"))
+    await publish_resources(kafka, "llm-1", llm=LLM(endpoint=endpoint, model="policy"))
 
 
 def check_sequence(spans: list[SpanRecorded], span_count: int) -> None:

@@ -53,7 +53,7 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
             await eventually(out, 60, f"the trainer to publish {resources_id}")
             if version == 1:  # someone else (APO, say) publishes a prompt template meanwhile
                 await publish_resources(
-                    kafka, "prompt-v1", 1, prompt=PromptTemplate(template="Say {letter}")
+                    kafka, "prompt-v1", prompt=PromptTemplate(template="Say {letter}")
                 )
             await enqueue_group_tasks(kafka, resources_id, groups=2, size=4)
         await asyncio.wait_for(training, 120)
@@ -67,21 +67,25 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
         states[2]["counts"]["samples"] == 8
         and states[2]["counts"].get("calls_without_token_ids", 0) == 0
     )
-    # Each version on the topic points at its checkpoint, by a hash of the files there.
-    versions = {e.resources_id: e for e in await published(kafka)}
-    assert sorted(versions) == ["it-v0", "it-v1", "it-v2", "prompt-v1"]
-    for step in (0, 1, 2):
-        checkpoint = versions[f"it-v{step}"].resources["policy"]
+    # Versions are numbered in the topic's order, whoever publishes: the prompt took 2.
+    # Each of the trainer's points at its checkpoint, by a hash of the files there.
+    topic = await published(kafka)
+    assert [(e.resources_id, e.version) for e in topic] == [
+        ("it-v0", 0), ("it-v1", 1), ("prompt-v1", 2), ("it-v3", 3),
+    ]  # fmt: skip
+    versions = {e.resources_id: e for e in topic}
+    for step, rid in enumerate(("it-v0", "it-v1", "it-v3")):
+        assert versions[rid].metadata["step"] == str(step)
+        checkpoint = versions[rid].resources["policy"]
         directory = checkpoint_root(checkpoint.uri)  # type: ignore[union-attr]
         assert directory == store.step_dir(step)
         assert checkpoint.content_hash == content_hash(directory)  # type: ignore[union-attr]
-    assert versions["it-v2"].parent_resources_id == "it-v1"
-    # What others published since is carried by the next version, and kept in its checkpoint
-    # so that a restart republishes the same content.
+    assert versions["it-v3"].parent_resources_id == "it-v1"
+    # What another publisher set is carried by the trainer's next version, never lost.
     assert "prompt" not in versions["it-v1"].resources
-    assert versions["it-v2"].resources["prompt"] == PromptTemplate(template="Say {letter}")
-    assert states[2]["carried"] == {"prompt": {"template": "Say {letter}", "engine": "f_string"}}
-    assert versions["it-v2"].metadata["samples"] == "8"
+    assert versions["prompt-v1"].resources["policy"] == versions["it-v1"].resources["policy"]
+    assert versions["it-v3"].resources["prompt"] == PromptTemplate(template="Say {letter}")
+    assert versions["it-v3"].metadata["samples"] == "8"
     # The update changed the weights.
     before = load_policy(store.step_dir(0)).model.state_dict()
     after = load_policy(store.step_dir(2)).model.state_dict()

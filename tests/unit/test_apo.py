@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from agl_stream.cli.main import cli
 from agl_stream.events import PIN_ONLY, PromptTemplate, ResourcesPublished, TemplateEngine
-from agl_stream.runner.resources import ResourceCache
+from agl_stream.resources import ResourceCache
 from agl_stream.templates import TemplateError, placeholders, render
 from agl_stream.training.apo.prompts import (
     MAX_MESSAGE_CHARS,

@@ -31,7 +31,6 @@ from agl_stream.agent.llm import LLM_CALL_SPAN
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.events import (
-    PIN_ONLY,
     PromptTemplate,
     ResourcesPublished,
     RolloutMode,
@@ -40,7 +39,7 @@ from agl_stream.events import (
 from agl_stream.kafka import end_offsets, producer
 from agl_stream.queries import ReadModel
 from agl_stream.queries.models import Rollout
-from agl_stream.runner.resources import read_resources
+from agl_stream.resources import Change, ResourcesPublisher, read_resources
 from agl_stream.streams import EventPublisher, Topics
 from agl_stream.templates import TemplateError
 from agl_stream.topic_admin import ensure_topics_ready
@@ -125,6 +124,7 @@ class Apo:
         self.path = checkpoint_root(config.state_dir) / STATE_FILE
         self.state: ApoState | None = None
         self._publisher: EventPublisher | None = None
+        self._resources: ResourcesPublisher | None = None
         self._model: ReadModel | None = None
         self._client: Any = None
 
@@ -137,12 +137,14 @@ class Apo:
         cfg = self.config
         async with (
             producer(self.kafka) as prod,
+            ResourcesPublisher(self.kafka, cfg.worker_id) as resources,
             ReadModel.open(self.database) as model,
             openai.AsyncOpenAI(
                 base_url=cfg.optimizer_endpoint, api_key=cfg.optimizer_api_key, timeout=300
             ) as client,
         ):
             self._publisher = EventPublisher(prod, Topics(self.kafka))
+            self._resources = resources
             self._model, self._client = model, client
             state = self.state = await self._load_or_start()
             await self._republish(state)
@@ -342,31 +344,27 @@ class Apo:
 
     # -- resources ----------------------------------------------------------------------------
 
-    def _resources(self, state: ApoState, carried: dict[str, Any], template: str) -> dict[str, Any]:
+    def _prompt(self, state: ApoState, template: str) -> dict[str, Any]:
+        """What APO sets in a version: its prompt (JSON). The other resources (the policy,
+        an endpoint) are the latest version's when it is published (resources.py)."""
         prompt = PromptTemplate(template=template, engine=state.engine)
-        return {**carried, state.prompt_name: prompt.model_dump(mode="json")}
+        return {state.prompt_name: prompt.model_dump(mode="json")}
 
     async def _publish_candidate(self, state: ApoState, candidate: Candidate) -> None:
         parent = None if candidate.parent is None else state.candidates[candidate.parent]
         await self._send(
-            candidate.resources_id, candidate.version,
-            self._resources(state, state.carried, candidate.template),
+            candidate.resources_id, self._prompt(state, candidate.template),
             None if parent is None else parent.resources_id,
-            {PIN_ONLY: "true", "apo_run": state.run_id, "candidate": candidate.cid,
-             "round": str(candidate.round)},
+            {"apo_run": state.run_id, "candidate": candidate.cid, "round": str(candidate.round)},
+            pin_only=True,
         )  # fmt: skip
 
     async def _publish_best(self, state: ApoState, best: Candidate) -> str:
-        resources = await read_resources(self.kafka)
-        # What others published since (a newer policy) goes along.
-        carried = (
-            _others(resources.latest, state.prompt_name) if resources.latest else state.carried
-        )
-        version = max(state.next_version, resources.top_version + 1)
+        version = state.next_version  # APO's own count, for the id; the topic numbers it
         state.next_version = version + 1
         entry = Published(
             resources_id=f"{state.run_id}-v{version}", version=version, cid=best.cid,
-            resources=self._resources(state, carried, best.template),
+            resources=self._prompt(state, best.template),
         )  # fmt: skip
         state.published.append(entry)
         self._save(state)
@@ -377,7 +375,7 @@ class Apo:
         best = state.candidates[entry.cid]
         previous = state.published[-2].resources_id if len(state.published) > 1 else None
         await self._send(
-            entry.resources_id, entry.version, entry.resources, previous,
+            entry.resources_id, entry.resources, previous,
             {"apo_run": state.run_id, "candidate": best.cid, "round": str(best.round),
              "val_score": f"{best.score or 0.0:.6f}"},
         )  # fmt: skip
@@ -385,22 +383,23 @@ class Apo:
     async def _send(
         self,
         resources_id: str,
-        version: int,
         resources: dict[str, Any],
         parent: str | None,
         metadata: dict[str, str],
+        pin_only: bool = False,
     ) -> None:
-        assert self._publisher is not None
-        await self._publisher.publish("resources", ResourcesPublished.model_validate({
-            "resources_id": resources_id, "version": version, "resources": resources,
-            "published_by": self.config.worker_id, "parent_resources_id": parent,
-            "metadata": {"algorithm": "apo", **metadata},
-        }))  # fmt: skip
+        """Publish (or find published: the same id and prompt after a restart)."""
+        assert self._resources is not None
+        await self._resources.publish(Change(
+            resources={k: PromptTemplate.model_validate(v) for k, v in resources.items()},
+            resources_id=resources_id, pin_only=pin_only, parent_resources_id=parent,
+            metadata={"algorithm": "apo", **metadata},
+        ))  # fmt: skip
 
     async def _republish(self, state: ApoState) -> None:
         """After a restart: the last best version may have been cut off between the state
-        write and the send, so it goes out again (the same id and content: no change to a
-        compacted-topic reader). Candidates are published again by the round that runs them."""
+        write and the send, so it goes out again (found published if it was). Candidates are
+        published again by the round that runs them."""
         if state.published:
             await self._send_published(state, state.published[-1])
 
