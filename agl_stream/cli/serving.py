@@ -107,12 +107,17 @@ def serve(
 async def _follow(app: AppContext, server: PolicyServer, resource: str, pin: str | None) -> None:
     from agl_stream.kafka import producer
     from agl_stream.resources import ResourceCache, follow_resources
+    from agl_stream.supervision import restarting
 
     cache = ResourceCache()
     kafka = app.kafka()
     async with producer(kafka) as prod:
         await asyncio.gather(
-            follow_resources(kafka, prod, cache, "policy-server"),
+            # A follower that fails is logged and started again; the policy keeps serving.
+            restarting(
+                lambda: follow_resources(kafka, prod, cache, "policy-server"),
+                "the resources follower",
+            ),
             server.follow(cache, resource, pin),
         )
 

@@ -164,8 +164,11 @@ class Projector:
             return
         offsets, self._group_offsets = self._group_offsets, {}
         assigned = self._consumer.assignment()
-        with contextlib.suppress(Exception):  # e.g. during a rebalance; the next one will do
+        try:
             await self._consumer.commit({tp: o for tp, o in offsets.items() if tp in assigned})
+        except Exception as exc:  # noqa: BLE001 - e.g. during a rebalance; the next one will do
+            self.counts["group_commits_failed"] += 1
+            log.info("the group's offsets were not committed (the next commit will): %r", exc)
 
     async def _seek(self, partitions: Iterable[TopicPartition]) -> None:
         """Seek to the offsets stored in the read model (the beginning where none is)."""
@@ -206,7 +209,8 @@ class Projector:
                 await asyncio.wait_for(stop.wait(), self.config.heartbeat_seconds)
 
     async def _heartbeat(self, publisher: EventPublisher, status: WorkerStatus) -> None:
-        with contextlib.suppress(Exception):  # a heartbeat is best effort
+        """Best effort: a heartbeat that cannot go is logged; the next one tries again."""
+        try:
             await publisher.publish(
                 "workers",
                 WorkerHeartbeat(
@@ -216,6 +220,9 @@ class Projector:
                     interval_seconds=self.config.heartbeat_seconds,
                 ),
             )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - logged; the next heartbeat tries again
+            self.counts["heartbeats_failed"] += 1
+            log.warning("a heartbeat could not be published: %r", exc)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

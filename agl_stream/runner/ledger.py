@@ -32,6 +32,7 @@ class RolloutState:
     terminal_at: int | None = None
     # attempt number -> where its (earliest) AttemptFinished is
     finished_at: dict[int, int | None] = field(default_factory=dict)
+    last_record: int = -1  # the highest tasks offset of a record of this rollout planned
 
 
 class Action(Enum):
@@ -50,6 +51,8 @@ class Plan:
 
 @dataclass
 class Ledger:
+    """One tasks partition's rollouts (each rollout lives in one partition)."""
+
     rollouts: dict[str, RolloutState] = field(default_factory=dict)
 
     def state(self, rollout_id: str) -> RolloutState:
@@ -71,6 +74,24 @@ class Ledger:
             state = self.state(event.rollout_id)
             if state.terminal is None:
                 state.cancel = event
+
+    def planned(self, rollout_id: str, task_offset: int) -> None:
+        """A record of the rollout at `task_offset` was planned."""
+        state = self.state(rollout_id)
+        state.last_record = max(state.last_record, task_offset)
+
+    def prune(self, committed: int) -> int:
+        """Forget finished rollouts whose records all lie below the committed tasks offset
+        (what a next owner would fold again if it needed them); returns how many. Only
+        when every inherited record was planned: the fold's facts are for those."""
+        done = [
+            rollout_id
+            for rollout_id, state in self.rollouts.items()
+            if state.terminal is not None and state.last_record < committed
+        ]
+        for rollout_id in done:
+            del self.rollouts[rollout_id]
+        return len(done)
 
     def plan(self, task: RolloutQueued, running: Container[tuple[str, int]]) -> Plan:
         """What to do with a queued rollout record now. An attempt's end commits together

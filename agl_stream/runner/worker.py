@@ -63,6 +63,7 @@ from agl_stream.streams import (
     Topics,
     read_partition_from,
 )
+from agl_stream.supervision import Supervisor, restarting
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ class Runner:
         self.kafka = kafka
         self.config = config
         self.topics = Topics(kafka)
-        self.ledger = Ledger()
+        # Per tasks partition, from the fold at takeover on; pruned as the commit passes.
+        self.ledgers: dict[TopicPartition, Ledger] = {}
         self.resources = ResourceCache()
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.in_flight: dict[tuple[str, int], InFlight] = {}
@@ -167,6 +169,7 @@ class Runner:
         self._epoch = 0
         self._rebalancing = False
         self.gateway: Gateway | None = None
+        self.background = Supervisor()
 
     @property
     def publisher(self) -> EventPublisher:
@@ -184,9 +187,17 @@ class Runner:
                 self.gateway = Gateway(publisher=self._publisher)
                 await self.gateway.start(self.config.gateway_host, self.config.gateway_port)
             await self._heartbeat(WorkerStatus.STARTING)
-            resources = asyncio.create_task(self._follow_resources())
-            await self._resources_loaded.wait()
-            heartbeats = asyncio.create_task(self._heartbeats(stop))
+            # A follower or heartbeat that fails is logged and started again; one that ends
+            # otherwise fails the runner (the loop checks), never leaves it waiting.
+            background = self.background
+            background.spawn(
+                restarting(self._follow_resources, "the resources follower"),
+                "the resources follower",
+            )
+            await background.watch(self._resources_loaded.wait())
+            background.spawn(
+                restarting(lambda: self._heartbeats(stop), "the heartbeats"), "the heartbeats"
+            )
             try:
                 async with consumer(
                     self.kafka,
@@ -204,8 +215,7 @@ class Runner:
                     await self._loop(stream, stop)
                     await self._shut_down()
             finally:
-                heartbeats.cancel()
-                resources.cancel()
+                await background.aclose()
                 for lane in self.lanes.values():
                     await lane.close()
                 if self.gateway is not None:
@@ -221,6 +231,7 @@ class Runner:
     async def _loop(self, stream: EventStream, stop: asyncio.Event) -> None:
         last_commit = time.monotonic()
         while not stop.is_set():
+            self.background.check()
             if any(not lane.alive for lane in self.lanes.values()):
                 await self._rejoin()
             if time.monotonic() - last_commit >= self.config.commit_seconds:
@@ -243,8 +254,9 @@ class Runner:
             await self._settle()
             # A cancel later in the batch stops a rollout queued earlier in it from starting.
             for item in batch:
-                if isinstance(item.event, RolloutCancelled):
-                    self.ledger.apply(item.event)
+                ledger = self.ledgers.get(TopicPartition(item.topic, item.partition))
+                if ledger is not None and isinstance(item.event, RolloutCancelled):
+                    ledger.apply(item.event)
             for item in batch:
                 tp = TopicPartition(item.topic, item.partition)
                 # A partition with no lane is between a revocation and its next assignment
@@ -261,14 +273,16 @@ class Runner:
     def _handle(self, item: ConsumedEvent) -> None:
         tp = TopicPartition(item.topic, item.partition)
         event = item.event
-        self.ledger.apply(event)
+        ledger = self.ledgers[tp]
+        ledger.apply(event)
         if isinstance(event, RolloutCancelled):
             for flight in self.in_flight.values():
                 if flight.task.rollout_id == event.rollout_id:
                     flight.handle.request_cancel(cancelled_error(event))
             return
         assert isinstance(event, RolloutQueued)
-        plan = self.ledger.plan(event, self.in_flight.keys())
+        ledger.planned(event.rollout_id, item.offset)
+        plan = ledger.plan(event, self.in_flight.keys())
         progress = self._progress(tp)
         if plan.action is Action.SKIP:
             progress.handled(item.offset, plan.relies_on)
@@ -281,7 +295,7 @@ class Runner:
         if plan.action is Action.RUN:
             work = self._attempt(key, claim, event)
         else:
-            cancel = self.ledger.state(event.rollout_id).cancel
+            cancel = ledger.state(event.rollout_id).cancel
             assert plan.action is Action.CANCEL
             assert cancel is not None
             work = self._end(claim, event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
@@ -303,19 +317,45 @@ class Runner:
             log.warning("rollout %s attempt %s abandoned: %s", *key, exc)
             self.in_flight.pop(key, None)
             self.counts["abandoned"] += 1
-        except Exception:
-            # Not finished: the offset stays uncommitted and the record runs again after a
-            # restart or a rebalance.
+        except Exception as exc:
             log.exception("rollout %s attempt %s could not be recorded", *key)
-            self.in_flight.pop(key, None)
             self.counts["errors"] += 1
+            if await self._fail_unrecorded(key, Claim(tp, offset), exc):
+                self._finished(key, tp, offset)
+            else:
+                self.in_flight.pop(key, None)
         else:
-            self.in_flight.pop(key, None)
-            progress = self.progress.get(tp)
-            if progress is not None:
-                progress.finished(offset)
+            self._finished(key, tp, offset)
         finally:
             self._slot_freed.set()
+
+    def _finished(self, key: tuple[str, int], tp: TopicPartition, offset: int) -> None:
+        self.in_flight.pop(key, None)
+        progress = self.progress.get(tp)
+        if progress is not None:
+            progress.finished(offset)
+
+    async def _fail_unrecorded(self, key: tuple[str, int], claim: Claim, exc: Exception) -> bool:
+        """A record whose work failed in the runner itself (not in the agent, whose errors
+        are the attempt's outcome): the rollout ends failed with the reason, so the
+        partition's commit moves past it instead of waiting for a rebalance. False when
+        even that cannot be published (the partition moved, or the broker refuses)."""
+        flight = self.in_flight.get(key)
+        if flight is None:
+            return False
+        error = ErrorInfo(
+            type="RunnerError", message=f"the runner could not record this rollout: {exc!r}"[:2000]
+        )
+        try:
+            await self._end(claim, flight.task, None, RolloutStatus.FAILED, error)
+        except Exception:  # said; the record waits for the next owner
+            log.exception(
+                "rollout %s could not be failed either: %s stays uncommitted until the "
+                "partition is taken over again",
+                key[0], claim.tp,
+            )  # fmt: skip
+            return False
+        return True
 
     # -- one rollout record -----------------------------------------------------------------
 
@@ -330,13 +370,12 @@ class Runner:
             self._landed(claim, topic, event, meta)
 
     def _landed(self, claim: Claim, topic: str, event: Event, meta: RecordMetadata) -> None:
-        if topic == "rollouts":
-            self.ledger.apply(event, meta.offset)
+        ledger = self.ledgers.get(claim.tp)  # None: handed back meanwhile
+        if topic == "rollouts" and ledger is not None:
+            ledger.apply(event, meta.offset)
             progress = self.progress.get(claim.tp)
             if progress is not None:
                 progress.wrote(meta.offset)
-        elif topic == "tasks":
-            self.ledger.apply(event)
 
     def _lane(self, claim: Claim) -> Lane:
         lane = self.lanes.get(claim.tp)
@@ -436,8 +475,12 @@ class Runner:
             if lane is None or not lane.alive or (only is not None and tp not in only):
                 continue
             checkpoint = progress.checkpoint()
-            if checkpoint is not None:
-                lane.commit(checkpoint[0], Checkpoint(checkpoint[1]))
+            if checkpoint is None:
+                continue
+            lane.commit(checkpoint[0], Checkpoint(checkpoint[1]))
+            # What the fold brought in serves the inherited records: kept until all are planned.
+            if checkpoint[0] >= progress.inherited_until and tp in self.ledgers:
+                self.counts["ledger_pruned"] += self.ledgers[tp].prune(checkpoint[0])
 
     async def hand_back(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: stop their attempts (the next owner runs them again),
@@ -458,6 +501,7 @@ class Runner:
                 await lane.close()
             self.progress.pop(tp, None)
             self._floors.pop(tp, None)
+            self.ledgers.pop(tp, None)  # the next owner (this runner too) folds again
 
     async def take_over(self, assigned: set[TopicPartition]) -> None:
         """The loop settles every assigned partition that has no lane before it handles a
@@ -470,6 +514,7 @@ class Runner:
             await self.lanes.pop(tp).close()
             self.progress.pop(tp, None)
             self._floors.pop(tp, None)
+            self.ledgers.pop(tp, None)
 
     async def _settle(self) -> None:
         assert self._consumer is not None
@@ -507,8 +552,9 @@ class Runner:
             await lane.close()  # rebalanced meanwhile
             return
         self.lanes[tp] = lane
+        ledger = self.ledgers[tp] = Ledger()
         for offset, event in events:
-            self.ledger.apply(event, offset)
+            ledger.apply(event, offset)
         self.counts["takeover_records_read"] += len(events)
         self.takeovers.append(Takeover(tp, len(events), time.monotonic() - began))
         self.progress[tp] = PartitionProgress(
@@ -601,6 +647,7 @@ class Runner:
 
     def _counts(self) -> dict[str, int]:
         counts = dict(self.counts)
+        counts["ledger_rollouts"] = sum(len(ledger.rollouts) for ledger in self.ledgers.values())
         if self.gateway is not None:
             counts.update({f"gateway_{k}": v for k, v in self.gateway.counts.items()})
         return counts

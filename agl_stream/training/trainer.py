@@ -37,6 +37,7 @@ from agl_stream.events import (
 from agl_stream.kafka import consumer, producer
 from agl_stream.resources import Change, ResourceCache, ResourcesPublisher, follow_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
+from agl_stream.supervision import Supervisor, restarting
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
 from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore
@@ -141,7 +142,8 @@ class Trainer:
         async with (
             producer(self.kafka) as prod,
             consumer(self.kafka, group_id=self.group_id) as cons,
-            self._following_resources(prod),
+            Supervisor() as background,
+            self._following_resources(prod, background),
             ResourcesPublisher(self.kafka, self.config.worker_id) as resources_out,
         ):
             self._publisher = EventPublisher(prod, self.topics)
@@ -153,24 +155,32 @@ class Trainer:
             for (topic, partition), offset in self.positions.items():
                 cons.seek(TopicPartition(self.topics.name(topic), partition), offset)
             stream = EventStream(cons, prod, self.topics, self.config.worker_id)
-            beats = asyncio.create_task(self._heartbeats(stop))
+            beats = background.spawn(
+                restarting(lambda: self._heartbeats(stop), "the heartbeats"), "the heartbeats"
+            )
             try:
-                await self._consume(stream, cons, stop)
+                await self._consume(stream, cons, stop, background)
             finally:
                 beats.cancel()
                 await self._heartbeat(WorkerStatus.STOPPED)
 
     @contextlib.asynccontextmanager
-    async def _following_resources(self, prod: AIOKafkaProducer) -> AsyncIterator[None]:
+    async def _following_resources(
+        self, prod: AIOKafkaProducer, background: Supervisor
+    ) -> AsyncIterator[None]:
         """Fold the resources topic into self.resources from its start, and go on folding
-        while the trainer runs."""
+        while the trainer runs (a failure is logged and the follower starts again)."""
         loaded = asyncio.Event()
         name = self.config.worker_id
-        following = asyncio.create_task(
-            follow_resources(self.kafka, prod, self.resources, name, loaded.set)
+        following = background.spawn(
+            restarting(
+                lambda: follow_resources(self.kafka, prod, self.resources, name, loaded.set),
+                "the resources follower",
+            ),
+            "the resources follower",
         )
         try:
-            await loaded.wait()
+            await background.watch(loaded.wait())
             self._note_versions()
             yield
         finally:
@@ -179,10 +189,15 @@ class Trainer:
                 await following  # its consumer closes before the producer it dead-letters to
 
     async def _consume(
-        self, stream: EventStream, cons: AIOKafkaConsumer, stop: asyncio.Event
+        self,
+        stream: EventStream,
+        cons: AIOKafkaConsumer,
+        stop: asyncio.Event,
+        background: Supervisor,
     ) -> None:
         short = {self.topics.name(t): t for t in TRAINED_TOPICS}
         while not stop.is_set() and not self._done():
+            background.check()
             batch = await stream.next_batch(timeout_ms=500, max_records=5000)
             for item in batch:
                 tp = (short[item.topic], item.partition)

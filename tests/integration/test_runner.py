@@ -4,8 +4,14 @@ unresponsive attempts, cancellation, bad tasks, resources, and no head-of-line b
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.config import KafkaSettings
@@ -16,7 +22,9 @@ from agl_stream.events import (
     RolloutCancelled,
     RolloutStatus,
 )
-from agl_stream.kafka import producer
+from agl_stream.kafka import admin_client, end_offsets, producer
+from agl_stream.runner import worker
+from agl_stream.runner.lane import committed_checkpoint
 from agl_stream.streams import EventPublisher, Topics
 from tests.integration.helpers import eventually
 from tests.integration.runs import (
@@ -225,3 +233,80 @@ async def test_heartbeats_report_the_runner(kafka: KafkaSettings) -> None:
     assert statuses[0] == WorkerStatus.STARTING
     assert statuses[-1] == WorkerStatus.STOPPED
     assert WorkerStatus.IDLE in statuses
+
+
+async def test_a_resources_follower_that_fails_before_loading_is_started_again(
+    kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to leave the runner waiting for the first load forever, without a word."""
+    real = worker.follow_resources
+    failures = 0
+
+    async def flaky(*args: Any, **kwargs: Any) -> None:
+        nonlocal failures
+        if failures < 2:
+            failures += 1
+            raise KafkaConnectionError(f"no broker ({failures})")
+        await real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "follow_resources", flaky)
+    ids = await queue(kafka, [{"spans": 1} for _ in range(3)])
+    with caplog.at_level(logging.WARNING, logger="agl_stream.supervision"):
+        async with runner_in_process(kafka):
+            h = await wait_terminal(kafka, ids, 60)
+    assert all(h.final(r).status == RolloutStatus.SUCCEEDED for r in ids)  # type: ignore[union-attr]
+    failed = [
+        r.getMessage() for r in caplog.records if "resources follower failed" in r.getMessage()
+    ]
+    assert len(failed) == 2, failed
+
+
+async def test_the_ledger_does_not_grow_with_the_rollouts_run(kafka: KafkaSettings) -> None:
+    """It kept every rollout it ever saw (not even pruned on hand-back)."""
+    async with runner_in_process(kafka, concurrency=16) as runner:
+        for _ in range(3):
+            ids = await queue(kafka, [{"spans": 0} for _ in range(100)])
+            await wait_terminal(kafka, ids, 60)
+
+        async def pruned() -> bool:
+            return runner._counts()["ledger_rollouts"] == 0
+
+        await eventually(pruned, 10, "the runner to forget the finished rollouts")
+    assert runner.counts["ledger_pruned"] >= 300
+
+
+async def test_a_record_the_runner_fails_to_record_ends_failed_and_releases_the_commit(
+    kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that failed in the runner itself left its offset uncommitted (and the rollout
+    unfinished) until the next rebalance, holding back every later commit."""
+    real = worker.execute
+
+    async def buggy(agent: Any, task: Any, *args: Any, **kwargs: Any) -> Any:
+        if "boom" in task.input_json:
+            raise RuntimeError("a bug in the runner")
+        return await real(agent, task, *args, **kwargs)
+
+    monkeypatch.setattr(worker, "execute", buggy)
+    topics = Topics(kafka)
+    partitions = topics.specs["tasks"].partitions
+    boom = ids_on_partition(0, partitions, 1, f"boom-{os.getpid()}")
+    ok = ids_on_partition(0, partitions, 5, f"ok-{os.getpid()}")
+    ids = await queue(kafka, [{"spans": 0, "boom": 1, "rollout_id": boom[0]}])
+    ids += await queue(kafka, [{"spans": 0, "rollout_id": r} for r in ok])
+    async with runner_in_process(kafka, commit_seconds=0.1) as runner:
+        h = await wait_terminal(kafka, ids, 60)
+        tasks0 = TopicPartition(topics.name("tasks"), 0)
+        end = (await end_offsets(kafka, [tasks0]))[tasks0]
+
+        async def committed_to_the_end() -> bool:
+            async with admin_client(kafka) as admin:
+                offset, _ = await committed_checkpoint(admin, runner.group_id, tasks0)
+            return offset == end
+
+        await eventually(committed_to_the_end, 20, "the commit to pass the failed record")
+    final = h.final(boom[0])
+    assert final is not None and final.status == RolloutStatus.FAILED
+    assert final.error is not None and final.error.type == "RunnerError"
+    assert "a bug in the runner" in final.error.message
+    assert all(h.final(r).status == RolloutStatus.SUCCEEDED for r in ok)  # type: ignore[union-attr]

@@ -196,3 +196,18 @@ def test_no_record_above_the_commit_relies_on_anything_before_the_fold_start(
     assert fold_from <= end  # records with nothing written yet will write at or after it
     if position < inherited_until:
         assert fold_from <= 990
+
+
+def test_the_ledger_forgets_finished_rollouts_once_their_records_are_committed() -> None:
+    ledger = Ledger()
+    ended = RolloutFinished(rollout_id="ro", status=RolloutStatus.SUCCEEDED, attempt_count=1)
+    ledger.apply(ended, offset=10)
+    ledger.planned("ro", 5)
+    ledger.apply(finished(1, AttemptStatus.FAILED).model_copy(update={"rollout_id": "retry"}))
+    ledger.planned("retry", 3)  # its retry record is still to come: not finished
+    assert ledger.prune(5) == 0  # the record at 5 is not below the commit yet
+    assert ledger.prune(6) == 1
+    assert set(ledger.rollouts) == {"retry"}
+    # A finished rollout known only from the fold (no record of it planned) goes too.
+    ledger.apply(ended.model_copy(update={"rollout_id": "old"}), offset=2)
+    assert ledger.prune(0) == 1

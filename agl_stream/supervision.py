@@ -1,0 +1,105 @@
+"""Background tasks that never die silently.
+
+The rule for every worker: each background task is supervised; a failure is logged with
+its reason and either retried with backoff (`restarting`: a follower, heartbeats, a
+span pump) or ends the worker with an error (`Supervisor`: the worker's loop waits through
+`watch` and calls `check`, so a dead task stops it with a non-zero exit instead of leaving
+it waiting forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A run that lasted this long before failing was healthy: the backoff starts over.
+HEALTHY_SECONDS = 60.0
+
+
+class BackgroundTaskFailed(RuntimeError):
+    """A background task the worker cannot go on without has ended."""
+
+
+async def restarting(
+    work: Callable[[], Awaitable[T]], what: str, first: float = 0.5, cap: float = 30.0
+) -> T:
+    """Run `work` until it returns; each failure is logged with its reason and `work` runs
+    again after a jittered backoff from `first` to `cap` seconds."""
+    loop = asyncio.get_running_loop()
+    delay = first
+    while True:
+        began = loop.time()
+        try:
+            return await work()
+        except Exception as exc:  # noqa: BLE001 - logged with its reason, then retried
+            log.warning("%s failed (%r); starting it again in %.1f s", what, exc, delay)
+        if loop.time() - began > HEALTHY_SECONDS:
+            delay = first
+        await asyncio.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, cap)
+
+
+class Supervisor:
+    """The background tasks of one worker. A task that ends (other than cancelled) is
+    logged and fails the worker: `check` raises, and `watch` stops waiting and raises."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.failure: BackgroundTaskFailed | None = None
+        self._failed = asyncio.Event()
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or self.failure is not None:
+            return
+        error = task.exception()
+        reason = f"failed: {error!r}" if error is not None else "ended"
+        log.error("%s %s", task.get_name(), reason, exc_info=error)
+        self.failure = BackgroundTaskFailed(f"{task.get_name()} {reason}")
+        self._failed.set()
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def watch(self, work: Awaitable[T]) -> T:
+        """Await `work`, unless a background task fails first (then raise its failure)."""
+        job = asyncio.ensure_future(work)
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({job, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+        if not job.done():
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+            self.check()
+        return job.result()
+
+    async def aclose(self) -> None:
+        """Cancel every task and wait for them to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> Supervisor:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+
+__all__ = ["BackgroundTaskFailed", "Supervisor", "restarting"]
