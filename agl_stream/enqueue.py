@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import hashlib
 import json
 import math
 import uuid
@@ -10,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from agl_stream.config import KafkaSettings
 from agl_stream.events import AttemptStatus, RolloutMode, RolloutQueued
-from agl_stream.kafka import producer
+from agl_stream.kafka import admin_client, retrying, started
 from agl_stream.streams import EventPublisher, Topics
 
 MAX_INPUT_BYTES = 900_000  # under the broker's default 1 MB message limit, with the envelope
@@ -75,36 +80,104 @@ def make_rollout(
         raise EnqueueError(f"invalid rollout options: {problems}") from None
 
 
+CHUNK = 500  # rollouts per transaction
+
+
+def batch_key(tasks: list[Any], options: RolloutOptions) -> str:
+    """A key naming exactly these task inputs with these options (the CLI's default key: the
+    same file queued again finds its rollouts queued)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(dataclasses.asdict(options), sort_keys=True, default=str).encode())
+    for task in tasks:
+        digest.update(json.dumps(task, sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def rollout_ids(key: str, count: int) -> list[str]:
+    """The ids of a keyed enqueue: ro-<the first 16 hex digits of sha256(key)>-<index>."""
+    prefix = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return [f"ro-{prefix}-{i}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    ids: list[str]
+    queued_now: int  # 0 when an earlier run with the same key had queued them all
+
+
+async def enqueue_batch(
+    kafka: KafkaSettings,
+    tasks: Iterable[Any],
+    options: RolloutOptions | None = None,
+    key: str | None = None,
+    on_sent: Callable[[int], None] | None = None,
+) -> Enqueued:
+    """Queue one rollout per task input, safe to run again with the same `key`.
+
+    Rollout i's id is `rollout_ids(key, n)[i]` (a task input that is a dict with a string
+    "rollout_id" keeps that id). The rollouts go in transactions of CHUNK, each committing
+    how many are queued as the offset of the consumer group `<prefix>enqueue-<id prefix>`:
+    a run cut off half-way leaves whole chunks (never a part of one), and a run with the
+    same key queues only what is not queued yet; two at once fence each other. Without a
+    key, a fresh one: every call queues new rollouts. The count is kept as long as Kafka
+    keeps committed offsets (offsets.retention.minutes, 7 days by default)."""
+    options = options or RolloutOptions()
+    tasks = list(tasks)
+    key = key or uuid.uuid4().hex
+    ids = rollout_ids(key, len(tasks))
+    events = []
+    for task, default_id in zip(tasks, ids, strict=True):
+        own = task.get("rollout_id") if isinstance(task, dict) else None
+        events.append(make_rollout(task, options, own if isinstance(own, str) else default_id))
+    topics = Topics(kafka)
+    marker = TopicPartition(topics.name("tasks"), 0)
+    group = f"{kafka.topic_prefix}enqueue-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    client = AIOKafkaProducer(
+        acks="all", enable_idempotence=True, linger_ms=5,
+        transactional_id=group, **kafka.client_options(),
+    )  # fmt: skip
+    await started(client)  # fences a run with the same key still going
+    try:
+        done = await retrying(
+            lambda: _queued_before(kafka, group, marker), "reading what was queued before"
+        )
+        done = min(done, len(events))
+        if on_sent is not None and done:
+            on_sent(done)
+        publisher = EventPublisher(client, topics)
+        for start in range(done, len(events), CHUNK):
+            chunk = events[start : start + CHUNK]
+            await client.begin_transaction()
+            sent = [await publisher.send("tasks", event) for event in chunk]
+            progress = OffsetAndMetadata(start + len(chunk), json.dumps({"total": len(events)}))
+            await client.send_offsets_to_transaction({marker: progress}, group)
+            await asyncio.gather(*sent)
+            await client.commit_transaction()
+            if on_sent is not None:
+                on_sent(len(chunk))
+    finally:
+        await client.stop()
+    return Enqueued([e.rollout_id for e in events], len(events) - done)
+
+
+async def _queued_before(kafka: KafkaSettings, group: str, marker: TopicPartition) -> int:
+    async with admin_client(kafka) as admin:
+        offsets = await admin.list_consumer_group_offsets(group, partitions=[marker])
+    found = offsets.get(marker)
+    return found.offset if found is not None and found.offset > 0 else 0
+
+
 async def enqueue(
     kafka: KafkaSettings,
     tasks: Iterable[Any],
     options: RolloutOptions | None = None,
     on_sent: Callable[[int], None] | None = None,
+    key: str | None = None,
 ) -> list[str]:
     """Queue one rollout per task input; returns their rollout ids once the broker has them.
-    A task input that is a dict with a string "rollout_id" keeps that id."""
-    options = options or RolloutOptions()
-    ids: list[str] = []
-    async with producer(kafka, linger_ms=5) as prod:
-        publisher = EventPublisher(prod, Topics(kafka))
-        pending = []
-        for task in tasks:
-            rollout_id = task.get("rollout_id") if isinstance(task, dict) else None
-            event = make_rollout(task, options, rollout_id if isinstance(rollout_id, str) else None)
-            pending.append(await publisher.send("tasks", event))
-            ids.append(event.rollout_id)
-            if len(pending) >= 500:
-                await _settle(pending, on_sent)
-        await _settle(pending, on_sent)
-    return ids
-
-
-async def _settle(pending: list[Any], on_sent: Callable[[int], None] | None) -> None:
-    for future in pending:
-        await future
-    if on_sent is not None:
-        on_sent(len(pending))
-    pending.clear()
+    With a `key`, running it again queues only what is not queued yet (enqueue_batch)."""
+    return (await enqueue_batch(kafka, tasks, options, key, on_sent)).ids
 
 
 def read_tasks(

@@ -16,7 +16,13 @@ from agl_stream.cli.common import (
     parse_key_values,
     run,
 )
-from agl_stream.enqueue import EnqueueError, RolloutOptions, enqueue, read_tasks
+from agl_stream.enqueue import (
+    EnqueueError,
+    RolloutOptions,
+    batch_key,
+    enqueue_batch,
+    read_tasks,
+)
 from agl_stream.events import AttemptStatus, RolloutMode
 
 RETRYABLE = ["failed", "timeout", "unresponsive"]
@@ -56,6 +62,16 @@ RETRYABLE = ["failed", "timeout", "unresponsive"]
 @click.option(
     "--metadata", multiple=True, metavar="KEY=VALUE", help="Metadata on every rollout (repeatable)."
 )
+@click.option(
+    "--key",
+    help="Names this enqueue: run again with the same key, it queues only what is not queued "
+    "yet. [default: a digest of the task inputs and options]",
+)
+@click.option(
+    "--again",
+    is_flag=True,
+    help="Queue the inputs as new rollouts even if they were queued before.",
+)
 @click.option("--print-ids", is_flag=True, help="Print the rollout ids, one per line.")
 @click.pass_obj
 @friendly_errors
@@ -70,11 +86,17 @@ def enqueue_command(
     max_attempts: int,
     retry_on: tuple[str, ...],
     metadata: tuple[str, ...],
+    key: str | None,
+    again: bool,
     print_ids: bool,
 ) -> None:
     """Queue one rollout per task input read from SOURCE (.jsonl, .json or .parquet) or,
     without SOURCE, from JSONL on standard input. Task inputs that are objects with a
-    string "rollout_id" keep it as their id."""
+    string "rollout_id" keep it as their id; the others get ro-<digest of the key>-<index>.
+
+    Safe to run again: the same inputs with the same options (or the same --key) queue
+    only what an earlier run did not (a run cut off half-way is completed, a finished one
+    is not repeated); --again queues them as new rollouts."""
     if source is not None and not source.is_file():
         raise click.BadParameter(f"no such file: {source}", param_hint="SOURCE")
     options = RolloutOptions(
@@ -89,18 +111,36 @@ def enqueue_command(
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
     if not tasks:
         raise click.UsageError("no task inputs to queue")
+    if again and key is not None:
+        raise click.UsageError("--again and --key exclude each other: --again picks a new key")
+    if not again and key is None:
+        key = batch_key(tasks, options)
     columns = (TextColumn("queuing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=print_ids) as progress:
         bar = progress.add_task("queuing", total=len(tasks))
         try:
-            ids = run(
-                enqueue(app.kafka(), tasks, options, on_sent=lambda n: progress.advance(bar, n))
+            done = run(
+                enqueue_batch(
+                    app.kafka(), tasks, options, key, on_sent=lambda n: progress.advance(bar, n)
+                )
             )
         except EnqueueError as exc:
             raise click.UsageError(str(exc)) from None
     if print_ids:
-        click.echo("\n".join(ids))
+        click.echo("\n".join(done.ids))
+        return
+    topic = app.kafka().topic("tasks")
+    if done.queued_now == len(done.ids):
+        console.print(f"queued {len(done.ids)} rollouts on {topic}", highlight=False)
+    elif done.queued_now == 0:
+        console.print(
+            f"all {len(done.ids)} rollouts were queued on {topic} before (the same inputs and "
+            "options); nothing queued again (--again queues them as new rollouts)",
+            highlight=False,
+        )
     else:
         console.print(
-            f"queued {len(ids)} rollouts on {app.kafka().topic('tasks')}", highlight=False
+            f"queued {done.queued_now} rollouts on {topic}; the other "
+            f"{len(done.ids) - done.queued_now} were queued by an earlier run",
+            highlight=False,
         )
