@@ -65,19 +65,19 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
         except NotFound as exc:
-            _fail(str(exc))
+            fail(str(exc))
         except QueryError as exc:
-            _fail(f"bad query: {exc}", code=2)
+            fail(f"bad query: {exc}", code=2)
         except TimeoutError as exc:
-            _fail(str(exc) or "timed out")
+            fail(str(exc) or "timed out")
         except (StackError, TopicsNotReady, TopicSpecError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
         except KafkaConnectionError as exc:
-            _fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")
+            fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")
         except KafkaError as exc:
-            _fail(f"the broker refused: {exc}")
+            fail(f"the broker refused: {exc}")
         except (OSError, asyncpg.PostgresError) as exc:
-            _fail(f"{exc}")
+            fail(f"{exc}")
 
     return wrapper
 
@@ -87,7 +87,7 @@ def _socket_errors(doing: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        _fail(f"{doing}: {exc.strerror or exc}")
+        fail(f"{doing}: {exc.strerror or exc}")
 
 
 def reaching(what: str) -> contextlib.AbstractContextManager[None]:
@@ -100,7 +100,8 @@ def listening_on(address: str) -> contextlib.AbstractContextManager[None]:
     return _socket_errors(f"cannot listen on {address}")
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Say what went wrong in one sentence on stderr and exit with `code`."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise SystemExit(code)
 
@@ -117,6 +118,17 @@ def parse_key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
         out[key] = value
+    return out
+
+
+def metadata_filter(values: tuple[str, ...], flag: str = "--metadata") -> dict[str, str | None]:
+    """KEY=VALUE (the key has this value) or KEY (the key is present) filter options."""
+    out: dict[str, str | None] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise click.BadParameter(f"{item!r}: give KEY=VALUE or KEY", param_hint=flag)
+        out[key] = value if sep else None
     return out
 
 

@@ -6,6 +6,7 @@ import click
 
 from agl_stream import __version__
 from agl_stream.cli import (
+    cancel,
     db,
     demo,
     dlq,
@@ -67,6 +68,7 @@ cli.add_command(schemas.schemas)
 cli.add_command(dlq.dlq)
 cli.add_command(db.db)
 cli.add_command(enqueue.enqueue_command)
+cli.add_command(cancel.cancel_command)
 cli.add_command(worker.worker)
 cli.add_command(query.query)
 cli.add_command(resources.resources)

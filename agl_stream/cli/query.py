@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, run
+from agl_stream.cli.common import AppContext, console, friendly_errors, metadata_filter, run
 from agl_stream.cli.times import TIME
 from agl_stream.kafka import end_offsets
 from agl_stream.projection.replay import list_read_models
@@ -78,16 +78,6 @@ def query() -> None:
     """Ask the read model what happened (a projector keeps it up to date)."""
 
 
-def _metadata(values: tuple[str, ...]) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not key:
-            raise click.BadParameter(f"{item!r}: give KEY=VALUE or KEY", param_hint="--metadata")
-        out[key] = value if sep else None
-    return out
-
-
 @query.command()
 @click.option("--status", multiple=True, type=click.Choice(ROLLOUT_STATUSES), help="Repeatable.")
 @click.option("--mode", multiple=True, type=click.Choice(MODES), help="Repeatable.")
@@ -136,7 +126,7 @@ def rollouts(
     """
     f = RolloutFilter.of(
         status=status, mode=mode, since=since, until=until, time_field=time_field,
-        worker_id=worker_id, resources_id=resources_id, metadata=_metadata(metadata),
+        worker_id=worker_id, resources_id=resources_id, metadata=metadata_filter(metadata),
         sort=sort, descending=descending, limit=limit, cursor=cursor,
     )  # fmt: skip
     page = _ask(app, read_model, lambda rm: rm.rollouts(f))

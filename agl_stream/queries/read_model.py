@@ -41,6 +41,7 @@ from agl_stream.queries.params import (
 Offsets = Mapping[TopicPartition, int] | Mapping[tuple[str, int], int]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _RECHECK_SECONDS = 5.0  # waiting re-reads at least this often even without a notification
+_IDS_PER_QUERY = 1000  # bind parameters per IN list (asyncpg takes at most 32,767)
 
 _R = db.rollouts.c
 _SORT_COLUMNS: dict[str, ColumnElement[Any]] = {
@@ -133,6 +134,18 @@ class ReadModel:
         if not rows:
             raise NotFound(f"no rollout {rollout_id!r} in the read model")
         return _rollout(rows[0])
+
+    async def rollouts_by_id(self, rollout_ids: Iterable[str]) -> dict[str, Rollout]:
+        """The rollouts the read model holds among these ids; an id it lacks is left out."""
+        ids = sorted(set(rollout_ids))
+        for rollout_id in ids:
+            check_text(rollout_id=rollout_id)
+        found: dict[str, Rollout] = {}
+        for start in range(0, len(ids), _IDS_PER_QUERY):
+            chunk = ids[start : start + _IDS_PER_QUERY]
+            rows = await self._all(select(*_rollout_columns()).where(_R.rollout_id.in_(chunk)))
+            found.update((row["rollout_id"], _rollout(row)) for row in rows)
+        return found
 
     async def attempts(self, rollout_id: str, wait_for: Offsets | None = None) -> list[Attempt]:
         """The rollout's attempts, oldest first."""

@@ -95,6 +95,20 @@ async def test_filters(seeded: DatabaseSettings) -> None:
         assert len(finished) == sum(1 for r in rows if r.finished_at is not None)
 
 
+async def test_rollouts_by_id_holds_the_known_ids_only(
+    seeded: DatabaseSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agl_stream.queries.read_model._IDS_PER_QUERY", 7)  # several chunks
+    wanted = sorted(ROLLOUTS)[:20]
+    async with ReadModel.open(seeded) as rm:
+        found = await rm.rollouts_by_id([*wanted, "ro-nobody", wanted[0]])
+        assert sorted(found) == wanted
+        assert [found[i] for i in wanted] == [await rm.rollout(i) for i in wanted]
+        assert await rm.rollouts_by_id([]) == {}
+        with pytest.raises(QueryError, match="NUL"):
+            await rm.rollouts_by_id(["ro\x00"])
+
+
 @pytest.mark.parametrize("sort", ["queued", "updated", "id"])
 @pytest.mark.parametrize("descending", [False, True])
 async def test_keyset_pages_cover_everything_once_in_order(
