@@ -86,7 +86,8 @@ class KafkaSettings(_Settings):
         sasl = self.security_protocol.startswith("SASL")
         if sasl and self.sasl_mechanism is None:
             raise ValueError(
-                f"security protocol {self.security_protocol} needs AGL_STREAM_SASL_MECHANISM"
+                f"AGL_STREAM_SECURITY_PROTOCOL {self.security_protocol} needs "
+                "AGL_STREAM_SASL_MECHANISM"
             )
         if (
             sasl

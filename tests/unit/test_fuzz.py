@@ -2,23 +2,30 @@
 files, bad environment), the configuration, the enqueue API (any JSON, oversized inputs,
 invalid options, any file bytes), the query parameters and cursors, dead-letter headers.
 Each input is either accepted or refused with the library's own error and a sentence;
-nothing else escapes. (The codec's fuzzing is in test_codec.py; malformed records against
-running workers in the chaos test.)"""
+nothing else escapes. What is accepted is checked against what was given: a setting holds
+the value of its variable, a task file yields the tasks written in it, a parsed command
+line holds the options it named and defaults for the rest. (The codec's fuzzing is in
+test_codec.py; malformed records against running workers in the chaos test.)"""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import string
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
+from click.core import ParameterSource
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel, SecretStr
 
 from agl_stream.cli.main import cli
 from agl_stream.codec import Codec
@@ -119,20 +126,45 @@ def leaf_invocations(draw: st.DrawFn, paths: list[tuple[str, ...]]) -> tuple[str
 
 @settings(max_examples=150, deadline=None)
 @given(invocation=leaf_invocations(LONG))
+@example(invocation=(("demo",), ["--seed", "3", "--steps", "2", "--keep-stack"]))
+@example(invocation=(("serve",), ["-v", "--port", "8001", "--pin", "--port"]))
+@example(invocation=(("worker",), ["--concurrency", "4", "--heartbeat", "0.5"]))
 def test_long_lived_commands_parse_any_arguments_or_say_why(
     invocation: tuple[tuple[str, ...], list[str]],
 ) -> None:
     """Parsing only: a valid command line would start a server or a worker, or write a
     schema release into the repository."""
     path, tokens = invocation
-    message = "parsed"
+    command = _command(path)
     try:
-        _command(path).make_context(path[-1], tokens).close()
+        ctx = command.make_context(path[-1], list(tokens))  # click consumes the list it gets
     except click.exceptions.Exit:
-        pass
+        return
     except click.ClickException as exc:
-        message = exc.format_message()
-    assert message.strip()
+        assert_sentence(exc.format_message())
+        return
+    with ctx:
+        assert_read_as_given(command, ctx, tokens)
+
+
+def assert_read_as_given(command: click.Command, ctx: click.Context, tokens: list[str]) -> None:
+    """Every value is there; one taken from the command line was given there (its flag is
+    among the tokens), and one that was not holds what it holds with no arguments at all."""
+    try:
+        with command.make_context(ctx.info_name, []) as bare:
+            defaults = dict(bare.params)
+    except click.ClickException:  # a required argument: no line without arguments parses
+        defaults = {}
+    for param in command.params:
+        if not param.expose_value or param.name is None:
+            continue
+        assert param.name in ctx.params, (param.name, tokens)
+        source = ctx.get_parameter_source(param.name)
+        if isinstance(param, click.Option) and source is ParameterSource.COMMANDLINE:
+            flags = [*param.opts, *param.secondary_opts]
+            assert any(t.startswith(f) for t in tokens for f in flags), (param.name, tokens)
+        if source is ParameterSource.DEFAULT and param.name in defaults:
+            assert ctx.params[param.name] == defaults[param.name], (param.name, tokens)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,26 +191,53 @@ SETTING_FIELDS = sorted(
 )
 
 
+# Values some setting accepts, so that each is read back now and then.
+SETTING_VALUES = ["SSL", "SASL_SSL", "PLAIN", "1500", "localhost:9092", " a:1 , b:2 ,", "p.",
+                  "postgresql://agl:secret@db:5432/agl"]  # fmt: skip
+
+
+def read_as(cls: type[BaseModel], name: str, value: str) -> Any:
+    """What a setting holds once `value` was read from its variable: the text itself, but
+    numbers as numbers, paths as paths, and the broker list without blanks."""
+    if name == "bootstrap_servers":
+        return ",".join(s.strip() for s in value.split(",") if s.strip())
+    kind = cls.model_fields[name].annotation
+    if kind is int:
+        return Decimal(value)  # what int() takes, and "5.0" and "1_000" too, as pydantic does
+    if kind == Path | None:
+        return Path(value)
+    return value
+
+
 @settings(max_examples=300, deadline=None)
-@given(field=st.sampled_from(SETTING_FIELDS), value=TEXT.filter(lambda v: "\x00" not in v))
-def test_any_environment_value_is_accepted_or_named(field: tuple[type, str], value: str) -> None:
+@given(
+    field=st.sampled_from(SETTING_FIELDS),
+    value=TEXT.filter(lambda v: "\x00" not in v)
+    | st.integers(-5, 10**6).map(str)
+    | st.sampled_from(SETTING_VALUES),
+)
+def test_any_environment_value_is_read_or_named(field: tuple[type, str], value: str) -> None:
     cls, name = field
     variable = f"{ENV_PREFIX}{name.upper()}"
     before = os.environ.get(variable)
     os.environ[variable] = value
-    message = variable
     try:
-        load(cls)
+        loaded = load(cls)
     except ConfigError as exc:
         message = str(exc)
+        assert variable in message, message
+        if "password" in name or name == "database_url":
+            assert value not in message or len(value) < 3
+        return
     finally:
         if before is None:
             del os.environ[variable]
         else:
             os.environ[variable] = before
-    assert variable in message, message
-    if "password" in name or name == "database_url":
-        assert value not in message or len(value) < 3
+    got = getattr(loaded, name)
+    if isinstance(got, SecretStr):
+        got = got.get_secret_value()
+    assert got == read_as(cls, name, value), (variable, value, got)
 
 
 # ---- the enqueue API -----------------------------------------------------------------------
@@ -229,22 +288,58 @@ def test_oversized_inputs_of_every_shape_are_refused() -> None:
             make_rollout(task, RolloutOptions())
 
 
+@st.composite
+def task_files(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A file name suffix and bytes: random, or task inputs written as that format holds
+    them (a JSON list, one JSON value a line), so that many files are accepted."""
+    suffix = draw(st.sampled_from([".jsonl", ".json", ".parquet"]))
+    tasks = st.lists(JSON, max_size=5)
+    written = {
+        ".jsonl": tasks.map(lambda ts: "".join(f"{json.dumps(t)}\n" for t in ts).encode()),
+        ".json": tasks.map(lambda ts: json.dumps(ts).encode()),
+    }
+    content = st.binary(max_size=500) | JSON.map(lambda v: repr(v).encode())
+    if suffix in written:
+        content |= written[suffix]
+    return suffix, draw(content)
+
+
+def tasks_in(suffix: str, content: bytes) -> list[Any]:
+    """The task inputs a file holds, read without read_tasks; ValueError if it holds none."""
+    text = content.decode("utf-8")
+    if suffix == ".json":
+        tasks = json.loads(text)
+        if not isinstance(tasks, list):
+            raise ValueError("a JSON task file holds a list")
+        return tasks
+    if suffix == ".jsonl":
+        return [json.loads(line) for line in re.split(r"\r\n|\r|\n", text) if line.strip()]
+    raise ValueError("random bytes are not a Parquet file")
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    suffix=st.sampled_from([".jsonl", ".json", ".parquet"]),
-    content=st.binary(max_size=500) | JSON.map(lambda v: repr(v).encode()),
-)
-def test_any_file_bytes_are_read_or_refused_with_the_file_named(
-    suffix: str, content: bytes, tmp_path_factory: pytest.TempPathFactory
+@given(file=task_files())
+def test_any_file_bytes_are_read_as_written_or_refused_with_the_file_named(
+    file: tuple[str, bytes], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    file = tmp_path_factory.mktemp("tasks") / f"tasks{suffix}"
-    file.write_bytes(content)
-    message = file.name
+    suffix, content = file
+    path = tmp_path_factory.mktemp("tasks") / f"tasks{suffix}"
+    path.write_bytes(content)
     try:
-        list(read_tasks(file))
+        expected: list[Any] | None = tasks_in(suffix, content)
+    except ValueError:  # also UnicodeDecodeError and json's JSONDecodeError
+        expected = None
+    try:
+        got: list[Any] | None = list(read_tasks(path))
     except EnqueueError as exc:
-        message = str(exc)
-    assert file.name in message, message
+        got, refusal = None, str(exc)
+    if got is None:
+        assert path.name in refusal, refusal
+        assert expected is None, f"{content!r} holds {expected!r}, but was refused: {refusal}"
+        return
+    assert expected is not None, f"{content!r} holds no tasks, but {got!r} were read"
+    # Compared as JSON text: a NaN read back equals itself there.
+    assert json.dumps(got) == json.dumps(expected)
 
 
 # ---- query parameters ----------------------------------------------------------------------
