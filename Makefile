@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install up down status demo test unit integration chaos bench lint clean
+.PHONY: install up down status demo test unit integration chaos soak bench lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -48,6 +48,9 @@ integration: $(STAMP)
 
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long
+
+soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts the stack; SOAK_ARGS to change)
+	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS) --json-out benchmarks/soak.json
 
 bench: $(STAMP)  ## regenerate benchmarks/README.md (every benchmark, ~20 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report

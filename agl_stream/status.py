@@ -90,7 +90,9 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         described = await admin.describe_topics(present) if present else []
         groups = await admin.list_consumer_groups()
         group_ids = sorted(g[0] for g in groups)
-        descriptions = await admin.describe_consumer_groups(group_ids) if group_ids else []
+        # One group per request: aiokafka 0.14 misreads a DescribeGroups answer from Kafka
+        # 4 that holds several groups (the second is read from the wrong offset).
+        descriptions = [await admin.describe_consumer_groups([g]) for g in group_ids]
     partitions = {t["topic"]: len(t["partitions"]) for t in described}
     tps = [TopicPartition(name, p) for name, n in partitions.items() for p in range(n)]
     ends = await end_offsets(kafka, tps)
@@ -98,9 +100,10 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         offsets = tuple(ends.get(TopicPartition(name, p), 0) for p in range(partitions[name]))
         report.topics.append(TopicStatus(name, partitions[name], offsets))
     states = {}
-    for response in descriptions:
-        for group in response.groups:
-            states[group[1]] = (group[2], len(group[5]))
+    for responses in descriptions:
+        for response in responses:
+            for group in response.groups:
+                states[group[1]] = (group[2], len(group[5]))
     for group_id in group_ids:
         lag = await _group_lag(kafka, group_id, tps, ends)
         state, members = states.get(group_id, ("unknown", 0))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agl_stream.events import EVENT_TYPES
 
-CONFIG_KEYS = ("cleanup.policy", "retention.ms", "compression.type")
+CONFIG_KEYS = ("cleanup.policy", "retention.ms", "compression.type", "segment.ms")
 
 
 class TopicSpecError(ValueError):
@@ -30,6 +30,9 @@ class TopicSpec(BaseModel):
     partitions: int = Field(ge=1, le=10_000)
     cleanup_policy: Literal["delete", "compact"]
     retention_ms: int = Field(ge=-1)
+    # How soon a segment closes (Kafka's default: 7 days); retention deletes only closed
+    # segments, so a short retention needs a short segment too. None: the broker's default.
+    segment_ms: int | None = Field(default=None, ge=1000)
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"]
     key: str
     events: tuple[str, ...]
@@ -47,11 +50,14 @@ class TopicSpec(BaseModel):
         return f"{prefix}{self.name}"
 
     def configs(self) -> dict[str, str]:
-        return {
+        configs = {
             "cleanup.policy": self.cleanup_policy,
             "retention.ms": str(self.retention_ms),
             "compression.type": self.compression,
         }
+        if self.segment_ms is not None:
+            configs["segment.ms"] = str(self.segment_ms)
+        return configs
 
 
 def topics_dir() -> Path:
@@ -61,7 +67,7 @@ def topics_dir() -> Path:
 OVERRIDES_ENV = "AGL_STREAM_TOPICS_DIR"
 # What a deployment may set per topic; the rest (key, events, cleanup policy) is the
 # contract the code relies on.
-OVERRIDABLE = frozenset({"partitions", "retention_ms", "compression"})
+OVERRIDABLE = frozenset({"partitions", "retention_ms", "segment_ms", "compression"})
 
 
 def overrides_dir() -> Path | None:
@@ -75,7 +81,7 @@ def load_topic_specs(
 ) -> dict[str, TopicSpec]:
     """Every topics/*.toml, by short name, with a deployment's overrides applied (files in
     `overrides`, default AGL_STREAM_TOPICS_DIR: `name` and any of partitions, retention_ms,
-    compression); raises TopicSpecError naming the bad file and setting."""
+    segment_ms, compression); raises TopicSpecError naming the bad file and setting."""
     directory = directory or topics_dir()
     overrides = overrides if overrides is not None else overrides_dir()
     raw: dict[str, tuple[Path, dict[str, object]]] = {}

@@ -73,6 +73,9 @@ def server_properties(node: KafkaNode, cluster: Sequence[KafkaNode], home: Path)
         "background.threads": 4,
         "num.recovery.threads.per.data.dir": 2,
         "unclean.leader.election.enable": "false",
+        # A topic given a short retention (a soak run, a scratch deployment) loses its old
+        # segments within a minute, not the default five.
+        "log.retention.check.interval.ms": 60_000,
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 

@@ -108,6 +108,7 @@ def embedded(private_home: Path) -> Iterator[Backend]:
             state.bootstrap_servers,
             state.database_url,
             **signals(state.broker_pid),
+            stack=stack,
         )
     finally:
         stack.down()
