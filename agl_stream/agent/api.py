@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import os
@@ -11,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl_stream.agent.threads import run_sync
 from agl_stream.events import LLM, Checkpoint, PromptTemplate, RolloutMode
 
 NamedResources = Mapping[str, LLM | PromptTemplate | Checkpoint]
@@ -40,8 +40,8 @@ class LitAgent:
     async def rollout_async(
         self, task: Any, resources: NamedResources, rollout: Rollout
     ) -> AgentResult:
-        # Sync agents run in a thread so the runner's event loop keeps serving other rollouts.
-        return await asyncio.to_thread(self.rollout, task, resources, rollout)
+        # Sync agents run on a thread so the runner's event loop keeps serving other rollouts.
+        return await run_sync(self.rollout, task, resources, rollout)
 
 
 class FunctionAgent(LitAgent):
@@ -93,7 +93,7 @@ class FunctionAgent(LitAgent):
             pending = self.func(*args)
             assert inspect.isawaitable(pending)
             return await pending
-        return await asyncio.to_thread(self.func, *args)  # type: ignore[arg-type]
+        return await run_sync(self.func, *args)  # type: ignore[arg-type]
 
 
 def rollout(func: Callable[..., Any]) -> FunctionAgent:

@@ -30,8 +30,17 @@ class AttemptRecorder:
         self._lock = threading.Lock()
         self._events: list[SpanRecorded] = []
         self._closed = False
+        self.running_since: float | None = None  # None: the agent has not started yet
         self.last_progress = time.monotonic()
         self.reward: float | None = None
+
+    def start_clocks(self) -> None:
+        """The agent starts running: the attempt's timeout and unresponsiveness clocks start
+        now, not when the attempt was created. A sync agent's start again when its thread
+        picks it up."""
+        now = time.monotonic()
+        self.running_since = now
+        self.last_progress = now
 
     def record(self, span: ReadableSpan) -> None:
         with self._lock:

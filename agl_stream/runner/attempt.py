@@ -83,6 +83,7 @@ async def execute(
         with tracer().start_as_current_span(ATTEMPT_SPAN, attributes=attributes):
             if route is not None:
                 route.parent = otel_context.get_current()
+            recorder.start_clocks()
             result = await agent.rollout_async(json.loads(task.input_json), resources, rollout)
             if isinstance(result, int | float) and not isinstance(result, bool):
                 emit_reward(float(result))
@@ -114,8 +115,7 @@ async def _supervise(
     pump: Any,
     flush_seconds: float,
 ) -> tuple[AttemptStatus, ErrorInfo | None, bool]:
-    started = time.monotonic()
-    last_flush = started
+    last_flush = time.monotonic()
     try:
         while True:
             # A cancel request cancels the agent task itself, so this wakes at once for it.
@@ -128,6 +128,14 @@ async def _supervise(
             now = time.monotonic()
             if agent_task.done():
                 continue  # finished or cancelled: decided at the top
+            if now - last_flush >= flush_seconds:
+                await pump()
+                last_flush = now
+            # The clocks run from when the agent started running (a sync agent: when its
+            # thread picked it up), not from when this attempt began.
+            started = recorder.running_since
+            if started is None:
+                continue
             if task.timeout_seconds is not None and now - started > task.timeout_seconds:
                 await _stop(agent_task)
                 message = f"the agent ran past the rollout's timeout of {task.timeout_seconds:g} s"
@@ -142,9 +150,6 @@ async def _supervise(
                     ErrorInfo(type="Unresponsive", message=message),
                     False,
                 )
-            if now - last_flush >= flush_seconds:
-                await pump()
-                last_flush = now
     except BaseException:
         # Handed back (cancelled), or its spans could not be sent (the lane failed): the
         # attempt is abandoned, not finished, and its agent must not run on unwatched.
@@ -158,6 +163,6 @@ async def _supervise(
 
 async def _stop(agent_task: asyncio.Task[Any]) -> None:
     """Cancel the agent; a sync agent's thread cannot be stopped and is left to finish alone
-    (its late spans are dropped), so wait only briefly."""
+    (AgentThreads logs it; its late spans are dropped), so wait only briefly."""
     agent_task.cancel()
     await asyncio.wait({agent_task}, timeout=1.0)
