@@ -1,5 +1,6 @@
-"""What agent authors write against: a decorator or a base class, the rollout they run, and
-emitters that record rewards, messages, objects, exceptions and annotations as spans."""
+"""What agent authors write against: a decorator or a base class, the rollout they run,
+emitters that record rewards, messages, objects, exceptions and annotations as spans, and
+in_attempt for work that a thread the agent did not start runs for it."""
 
 from agl_stream.agent.api import LitAgent, NamedResources, Rollout, load_agent, rollout
 from agl_stream.agent.emit import (
@@ -9,6 +10,7 @@ from agl_stream.agent.emit import (
     emit_object,
     emit_reward,
 )
+from agl_stream.agent.tracing import in_attempt
 
 __all__ = [
     "LitAgent",
@@ -19,6 +21,7 @@ __all__ = [
     "emit_message",
     "emit_object",
     "emit_reward",
+    "in_attempt",
     "load_agent",
     "rollout",
 ]

@@ -14,9 +14,8 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.agent.spans import flatten
-from agl_stream.agent.tracing import current_recorder, tracer
+from agl_stream.agent.tracing import REWARD_SPAN, tracer
 
-REWARD_SPAN = "agl.reward"
 MESSAGE_SPAN = "agl.message"
 OBJECT_SPAN = "agl.object"
 EXCEPTION_SPAN = "agl.exception"
@@ -44,11 +43,9 @@ def emit_reward(value: float | Mapping[str, float], primary: str | None = None) 
         raise ValueError(f"rewards must be finite numbers, got {dimensions}")
     attributes: dict[str, Any] = {"agl.reward": main, "agl.reward.primary": primary}
     attributes.update({f"agl.reward.{k}": v for k, v in dimensions.items() if k != "reward"})
+    # The attempt that records this span takes its value as its reward (AttemptRecorder).
     with tracer().start_as_current_span(REWARD_SPAN, attributes=attributes):
         pass
-    recorder = current_recorder.get()
-    if recorder is not None:
-        recorder.set_reward(main)
     return main
 
 

@@ -100,7 +100,10 @@ class AgentThreads:
     def _start_thread(self) -> None:
         with self._lock:
             self._threads += 1
-        threading.Thread(target=self._serve, name="agl-agent", daemon=True).start()
+        thread = threading.Thread(target=self._serve, name="agl-agent", daemon=True)
+        # Started in an empty context: a thread started inside an attempt takes that attempt's
+        # context (tracing.follow_attempts_into_threads), and this one serves many attempts.
+        contextvars.Context().run(thread.start)
 
     def _serve(self) -> None:
         while True:

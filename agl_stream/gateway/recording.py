@@ -53,10 +53,11 @@ class CallLog(AttemptRecorder):
         super().__init__(UNATTRIBUTED, f"gateway-{socket.gethostname()}-{os.getpid()}")
         self._next = 0
 
-    def record(self, span: ReadableSpan) -> None:
+    def record(self, span: ReadableSpan) -> bool:
         with self._lock:
             self._events.append(to_event(span, self.rollout_id, self.attempt_id, self._next))
             self._next += 1
+            return True
 
     def drain(self) -> list[SpanRecorded]:
         with self._lock:

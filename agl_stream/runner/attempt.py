@@ -163,6 +163,6 @@ async def _supervise(
 
 async def _stop(agent_task: asyncio.Task[Any]) -> None:
     """Cancel the agent; a sync agent's thread cannot be stopped and is left to finish alone
-    (AgentThreads logs it; its late spans are dropped), so wait only briefly."""
+    (AgentThreads logs it; its late spans are dropped and counted), so wait only briefly."""
     agent_task.cancel()
     await asyncio.wait({agent_task}, timeout=1.0)

@@ -1,23 +1,37 @@
-"""Running one attempt with no broker: sync agents' threads and the attempt's clocks."""
+"""Running one attempt with no broker: sync agents' threads, the attempt's clocks, and the
+spans of threads the agent starts itself."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from aiokafka.structs import RecordMetadata
+from opentelemetry import context as otel_context
 
-from agl_stream.agent import LitAgent, Rollout, rollout
+from agl_stream.agent import (
+    LitAgent,
+    Rollout,
+    emit_message,
+    emit_reward,
+    in_attempt,
+    rollout,
+    tracing,
+)
 from agl_stream.agent import threads as agent_threads
 from agl_stream.agent.api import load_agent
 from agl_stream.agent.threads import AgentThreads
+from agl_stream.agent.tracing import DroppedSpans, tracer
 from agl_stream.events import AttemptStatus, Event, RolloutMode, RolloutQueued, SpanRecorded
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 
@@ -140,3 +154,158 @@ async def test_agent_threads_are_reused_and_end_when_idle() -> None:
     while pool.threads:
         assert time.monotonic() < deadline, "idle threads did not end"
         await asyncio.sleep(0.05)
+
+
+# -- spans from threads the agent starts ----------------------------------------------------
+
+EARLY_POOL = ThreadPoolExecutor(2)  # made before any attempt, as an agent module may
+
+
+def names(spans: Spans) -> list[str]:
+    return sorted(str(s.attributes.get("agl.message", s.name)) for s in spans.sent)
+
+
+def check_one_trace(spans: Spans) -> None:
+    """Every span in the attempt's trace, numbered 0..n-1."""
+    (root,) = [s for s in spans.sent if s.name == "agl.attempt"]
+    assert {s.trace_id for s in spans.sent} == {root.trace_id}
+    assert sorted(s.sequence for s in spans.sent) == list(range(len(spans.sent)))
+
+
+@rollout
+def threaded(task: dict[str, Any]) -> None:
+    def nested() -> None:
+        emit_message("thread in a thread")
+
+    def in_thread() -> None:
+        emit_message("thread")
+        inner = threading.Thread(target=nested)
+        inner.start()
+        inner.join()
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda i: emit_message(f"pool {i}"), range(3)))
+    EARLY_POOL.submit(emit_message, "early pool").result()
+    EARLY_POOL.submit(emit_reward, 0.25).result()
+
+
+async def test_spans_from_threads_and_pools_a_sync_agent_starts_are_recorded() -> None:
+    spans = Spans()
+    outcome = await run(threaded, queued(), spans)
+    assert outcome.status is AttemptStatus.SUCCEEDED, outcome.error
+    assert names(spans) == [
+        "agl.attempt", "agl.reward", "early pool", "pool 0", "pool 1", "pool 2", "thread",
+        "thread in a thread",
+    ]  # fmt: skip
+    assert outcome.span_count == len(spans.sent)
+    assert outcome.reward == 0.25  # emitted on a pool thread
+    check_one_trace(spans)
+
+
+@rollout
+async def threaded_async(task: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    with tracer().start_as_current_span("step"):
+        await loop.run_in_executor(None, emit_message, "default executor")
+        thread = threading.Thread(target=emit_message, args=("thread",))
+        thread.start()
+        await asyncio.to_thread(thread.join)
+
+
+async def test_spans_from_threads_an_async_agent_starts_are_recorded() -> None:
+    spans = Spans()
+    outcome = await run(threaded_async, queued(), spans)
+    assert outcome.status is AttemptStatus.SUCCEEDED, outcome.error
+    assert names(spans) == ["agl.attempt", "default executor", "step", "thread"]
+    check_one_trace(spans)
+    (step,) = [s for s in spans.sent if s.name == "step"]
+    handed = [s for s in spans.sent if s.name == "agl.message"]
+    assert {s.parent_span_id for s in handed} == {step.span_id}  # under the span they ran in
+
+
+class Worker:
+    """A long-lived thread taking work from a queue, started outside any attempt."""
+
+    def __init__(self) -> None:
+        self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.work.get()()
+
+    def do(self, func: Callable[[], None]) -> None:
+        done = threading.Event()
+
+        def step() -> None:
+            try:
+                func()
+            finally:
+                done.set()
+
+        self.work.put(step)
+        assert done.wait(5)
+
+
+async def test_in_attempt_binds_work_that_another_thread_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    dropped = DroppedSpans()
+    monkeypatch.setattr(tracing, "dropped_spans", dropped)
+    worker = Worker()
+
+    @rollout
+    def agent(task: dict[str, Any]) -> None:
+        worker.do(in_attempt(lambda: emit_message("bound")))
+        # OpenTelemetry's own way: the trace's context handed over, not the attempt's.
+        handed = otel_context.get_current()
+
+        def traced() -> None:
+            token = otel_context.attach(handed)
+            try:
+                emit_message("trace handed over")
+            finally:
+                otel_context.detach(token)
+
+        worker.do(traced)
+        worker.do(lambda: emit_message("not bound"))
+        worker.do(lambda: emit_message("not bound either"))
+
+    spans = Spans()
+    with caplog.at_level(logging.WARNING, logger=tracing.__name__):
+        outcome = await run(agent, queued(), spans)
+    assert outcome.status is AttemptStatus.SUCCEEDED, outcome.error
+    assert names(spans) == ["agl.attempt", "bound", "trace handed over"]
+    check_one_trace(spans)
+    # Not recorded, and not in silence: counted, and logged (once a minute at most).
+    assert dropped.counts == {"unattributed": 2}
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == tracing.__name__]
+    assert "'agl.message' was started outside any attempt" in warning
+    assert "in_attempt" in warning
+
+
+async def test_spans_that_end_after_their_attempt_are_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dropped = DroppedSpans()
+    monkeypatch.setattr(tracing, "dropped_spans", dropped)
+    release, done = threading.Event(), threading.Event()
+
+    @rollout
+    def leaves_a_thread(task: dict[str, Any]) -> None:
+        def late() -> None:
+            release.wait(5)
+            emit_message("after the end")
+            done.set()
+
+        threading.Thread(target=late, daemon=True).start()
+
+    spans = Spans()
+    outcome = await run(leaves_a_thread, queued(), spans)
+    release.set()
+    assert done.wait(5)
+    assert names(spans) == ["agl.attempt"] and outcome.span_count == 1
+    assert dropped.counts == {"late": 1}
