@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
@@ -45,12 +47,22 @@ class AttemptRoute:
             await asyncio.wait(late, timeout=grace_seconds)
 
 
+def call_log_id() -> str:
+    """The attempt id a gateway records calls with no attempt under: its host and pid (to find
+    it), when it started and a random part. The read model keeps one span per (rollout,
+    attempt, sequence) and every gateway numbers its calls from 0, so an id that a restart
+    could give again (a container keeps its hostname, and its pid is 1 again) had the new
+    process's spans dropped as duplicates of the old one's."""
+    started = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"gateway-{socket.gethostname()}-{os.getpid()}-{started}-{secrets.token_hex(3)}"
+
+
 class CallLog(AttemptRecorder):
-    """Calls that carry no attempt: one open-ended 'attempt' per gateway process (rollout
-    UNATTRIBUTED, attempt = this process), numbered from 0, handed out in batches to send."""
+    """Calls that carry no attempt: one open-ended 'attempt' per gateway started (rollout
+    UNATTRIBUTED, attempt `call_log_id()`), numbered from 0, handed out in batches to send."""
 
     def __init__(self) -> None:
-        super().__init__(UNATTRIBUTED, f"gateway-{socket.gethostname()}-{os.getpid()}")
+        super().__init__(UNATTRIBUTED, call_log_id())
         self._next = 0
 
     def record(self, span: ReadableSpan) -> bool:

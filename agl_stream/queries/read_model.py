@@ -191,15 +191,17 @@ class ReadModel:
         wait_for: Offsets | None = None,
     ) -> list[Span]:
         """Spans of a rollout (every attempt, or one, or the latest), in attempt and
-        sequence order; `name` and the time range (span start) filter them."""
+        sequence order; `name` and the time range (span start) filter them. Spans need no
+        rollout row: those of calls a gateway saw with no attempt are under `unattributed`."""
         check_limit(limit, 100_000)
-        check_text(attempt_id=attempt_id, name=name)
+        check_text(rollout_id=rollout_id, attempt_id=attempt_id, name=name)
         since, until = check_range(since, until)
         if attempt_id is not None and latest_attempt:
             raise QueryError("ask for one attempt or for the latest attempt, not both")
-        rollout = await self.rollout(rollout_id, wait_for)
+        if wait_for:
+            await self.wait_for_offsets(wait_for)
         if latest_attempt:
-            attempt_id = rollout.latest_attempt_id
+            attempt_id = (await self.rollout(rollout_id)).latest_attempt_id
             if attempt_id is None:
                 return []
         s = db.spans.c
@@ -215,7 +217,10 @@ class ReadModel:
         if until is not None:
             query = query.where(s.start_time < until)
         query = query.order_by(s.attempt_id, s.sequence).limit(limit)
-        return [Span.model_validate(dict(r)) for r in await self._all(query)]
+        found = [Span.model_validate(dict(r)) for r in await self._all(query)]
+        if not found:
+            await self.rollout(rollout_id)  # NotFound: no such rollout at all
+        return found
 
     # ---- resources and workers -----------------------------------------------------------
 

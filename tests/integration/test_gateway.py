@@ -5,6 +5,7 @@ recorded in its attempt with token ids that decode to exactly what was sent and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
+from aiohttp import web
 
 from agl_stream.agent.llm import (
     COMPLETION,
@@ -21,13 +23,20 @@ from agl_stream.agent.llm import (
     RESPONSE_LOGPROBS,
     RESPONSE_TOKEN_IDS,
 )
-from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
 from agl_stream.events import LLM, AttemptStatus, SpanRecorded, StatusCode
+from agl_stream.gateway.proxy import Gateway
+from agl_stream.gateway.recording import UNATTRIBUTED
+from agl_stream.kafka import producer
+from agl_stream.queries import NotFound, ReadModel
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
+from agl_stream.streams import EventPublisher, Topics
 from agl_stream.training.model import tiny_chat_policy
+from benchmarks import stub_upstream
 from tests.integration.helpers import eventually
+from tests.integration.projection import projector_in_process
 from tests.integration.runs import publish_resources, queue, runner_in_process, wait_terminal
 
 CALL = "agl.llm.call"
@@ -166,3 +175,41 @@ async def test_killing_the_policy_server_mid_request(kafka: KafkaSettings) -> No
     policy = tiny_chat_policy(seed=5)
     for call in completed:
         check_decodes(policy.tokenizer, call)
+
+
+async def test_a_restarted_gateway_keeps_the_calls_of_both_runs(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    """Two standalone gateways one after the other in this process, so with the same host and
+    pid, as a restarted container's: each numbers its calls with no attempt from 0, and the
+    read model used to drop the second one's as duplicates of the first's."""
+    upstream = web.AppRunner(stub_upstream.app(tokens=3))
+    await upstream.setup()
+    site = web.TCPSite(upstream, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{upstream.addresses[0][1]}/v1"
+    try:
+        async with producer(kafka) as prod:
+            for run in range(2):
+                gateway = Gateway(base, EventPublisher(prod, Topics(kafka)))
+                url = await gateway.start()
+                request = {"model": "stub", "messages": [{"role": "user", "content": f"{run}"}]}
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(f"{url}/v1/chat/completions", json=request) as response,
+                ):
+                    assert response.status == 200
+                await gateway.stop()  # sends what it recorded
+    finally:
+        await upstream.cleanup()
+    async with projector_in_process(kafka, database), ReadModel.open(database) as rm:
+
+        async def both() -> bool:
+            with contextlib.suppress(NotFound):
+                return len(await rm.spans(UNATTRIBUTED)) == 2
+            return False
+
+        await eventually(both, 60, "both gateways' calls in the read model")
+        first, second = await rm.spans(UNATTRIBUTED)
+    assert first.attempt_id != second.attempt_id
+    assert first.sequence == second.sequence == 0
