@@ -34,8 +34,8 @@ async def cancel(
 
     A rollout not started yet finishes `cancelled` without running; a running attempt is
     stopped and the rollout finishes `cancelled`, with `reason` and `requested_by` in the
-    error; a finished rollout stays as it ended. A runner with every slot busy reads the
-    request only once a slot frees (README, issue 18). The ids are not looked up: a cancel
+    error; a finished rollout stays as it ended (a runner with every slot busy reads the
+    request too: see runner/cancel_watch.py). The ids are not looked up: a cancel
     for an id never queued is kept by the read model as a rollout that is queuing (see
     select_by_id to check ids first)."""
     ids = list(dict.fromkeys([rollout_ids] if isinstance(rollout_ids, str) else rollout_ids))

@@ -11,6 +11,9 @@
 - Before it handles any record of a newly assigned partition, the owner fences the previous
   writer and folds the co-partitioned rollouts partition from the offset committed with the
   tasks offset, so what already finished is not run again.
+- Cancels are read ahead of the claims by a second consumer (cancel_watch.py) on the
+  partitions with a lane, so they reach a runner with every slot busy too (its partitions
+  are paused then).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
 from agl_stream.resources import ResourceCache, follow_resources
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
+from agl_stream.runner.cancel_watch import CancelWatch
 from agl_stream.runner.lane import Checkpoint, Lane, LaneClosed, committed_checkpoint
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
@@ -170,6 +174,8 @@ class Runner:
         self._rebalancing = False
         self.gateway: Gateway | None = None
         self.background = Supervisor()
+        # Kept in step with the lanes: a partition is watched from its settling on.
+        self.cancel_watch = CancelWatch(self._cancelled)
 
     @property
     def publisher(self) -> EventPublisher:
@@ -197,6 +203,10 @@ class Runner:
             await background.watch(self._resources_loaded.wait())
             background.spawn(
                 restarting(lambda: self._heartbeats(stop), "the heartbeats"), "the heartbeats"
+            )
+            background.spawn(
+                restarting(lambda: self.cancel_watch.follow(self.kafka), "the cancel watch"),
+                "the cancel watch",
             )
             try:
                 async with consumer(
@@ -273,14 +283,11 @@ class Runner:
     def _handle(self, item: ConsumedEvent) -> None:
         tp = TopicPartition(item.topic, item.partition)
         event = item.event
-        ledger = self.ledgers[tp]
-        ledger.apply(event)
         if isinstance(event, RolloutCancelled):
-            for flight in self.in_flight.values():
-                if flight.task.rollout_id == event.rollout_id:
-                    flight.handle.request_cancel(cancelled_error(event))
+            self._cancelled(tp, event)
             return
         assert isinstance(event, RolloutQueued)
+        ledger = self.ledgers[tp]
         ledger.planned(event.rollout_id, item.offset)
         plan = ledger.plan(event, self.in_flight.keys())
         progress = self._progress(tp)
@@ -301,6 +308,18 @@ class Runner:
             work = self._end(claim, event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
         job = asyncio.create_task(self._job(key, tp, item.offset, work))
         self.in_flight[key] = InFlight(tp, item.offset, event, job)
+
+    def _cancelled(self, tp: TopicPartition, event: RolloutCancelled) -> None:
+        """A cancel read on one of this runner's partitions (by the loop, or earlier by the
+        cancel watch): a later record of the rollout plans as cancelled, and a running
+        attempt of it is stopped. Again for the same cancel, it changes nothing."""
+        ledger = self.ledgers.get(tp)
+        if ledger is None:
+            return  # not ours (any more)
+        ledger.apply(event)
+        for flight in self.in_flight.values():
+            if flight.task.rollout_id == event.rollout_id:
+                flight.handle.request_cancel(cancelled_error(event))
 
     async def _job(
         self, key: tuple[str, int], tp: TopicPartition, offset: int, work: Coroutine[Any, Any, None]
@@ -487,6 +506,7 @@ class Runner:
         commit what finished, and close their lanes."""
         self._epoch += 1
         self._rebalancing = True
+        self.cancel_watch.drop(revoked)
         jobs = [f.job for f in self.in_flight.values() if f.tp in revoked]
         if jobs:
             # A moment to finish (a rebalance revokes everything, even what stays with us).
@@ -510,6 +530,7 @@ class Runner:
         runs). A lane of a partition not assigned now is closed."""
         self._epoch += 1
         self._rebalancing = False
+        self.cancel_watch.drop(set(self.lanes) - assigned)
         for tp in set(self.lanes) - assigned:
             await self.lanes.pop(tp).close()
             self.progress.pop(tp, None)
@@ -555,6 +576,9 @@ class Runner:
         ledger = self.ledgers[tp] = Ledger()
         for offset, event in events:
             ledger.apply(event, offset)
+        # From the committed offset: what lies below it is done, and what the consumer
+        # already holds above it may be a cancel it has not handled yet (read twice: no harm).
+        self.cancel_watch.add(tp, committed if committed is not None else 0)
         self.counts["takeover_records_read"] += len(events)
         self.takeovers.append(Takeover(tp, len(events), time.monotonic() - began))
         self.progress[tp] = PartitionProgress(
