@@ -51,12 +51,19 @@ class Supervisor:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._may_return: set[asyncio.Task[Any]] = set()
         self.failure: BackgroundTaskFailed | None = None
         self._failed = asyncio.Event()
 
-    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(
+        self, work: Coroutine[Any, Any, Any], name: str, may_return: bool = False
+    ) -> asyncio.Task[Any]:
+        """Start `work`; `may_return`: returning is its way to stop (heartbeats that end
+        when the worker is told to stop), only failing fails the worker."""
         task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
+        if may_return:
+            self._may_return.add(task)
         task.add_done_callback(self._ended)
         return task
 
@@ -65,6 +72,8 @@ class Supervisor:
         if task.cancelled() or self.failure is not None:
             return
         error = task.exception()
+        if error is None and task in self._may_return:
+            return
         reason = f"failed: {error!r}" if error is not None else "ended"
         log.error("%s %s", task.get_name(), reason, exc_info=error)
         self.failure = BackgroundTaskFailed(f"{task.get_name()} {reason}")

@@ -202,7 +202,9 @@ class Runner:
             )
             await background.watch(self._resources_loaded.wait())
             background.spawn(
-                restarting(lambda: self._heartbeats(stop), "the heartbeats"), "the heartbeats"
+                restarting(lambda: self._heartbeats(stop), "the heartbeats"),
+                "the heartbeats",
+                may_return=True,
             )
             background.spawn(
                 restarting(lambda: self.cancel_watch.follow(self.kafka), "the cancel watch"),
@@ -580,7 +582,10 @@ class Runner:
         # already holds above it may be a cancel it has not handled yet (read twice: no harm).
         self.cancel_watch.add(tp, committed if committed is not None else 0)
         self.counts["takeover_records_read"] += len(events)
-        self.takeovers.append(Takeover(tp, len(events), time.monotonic() - began))
+        seconds = time.monotonic() - began
+        self.takeovers.append(Takeover(tp, len(events), seconds))
+        self.counts["takeovers"] += 1
+        self.counts["takeover_ms_last"] = round(seconds * 1000)
         self.progress[tp] = PartitionProgress(
             next_offset=committed,
             rollouts_end=rollouts_end,

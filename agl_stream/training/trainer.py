@@ -156,7 +156,9 @@ class Trainer:
                 cons.seek(TopicPartition(self.topics.name(topic), partition), offset)
             stream = EventStream(cons, prod, self.topics, self.config.worker_id)
             beats = background.spawn(
-                restarting(lambda: self._heartbeats(stop), "the heartbeats"), "the heartbeats"
+                restarting(lambda: self._heartbeats(stop), "the heartbeats"),
+                "the heartbeats",
+                may_return=True,
             )
             try:
                 await self._consume(stream, cons, stop, background)

@@ -59,6 +59,16 @@ async def test_a_task_that_returns_when_it_must_not_also_fails_the_worker() -> N
             background.check()
 
 
+async def test_a_task_whose_return_is_its_stop_is_no_failure() -> None:
+    async def heartbeats_until_told() -> None:
+        return None
+
+    async with Supervisor() as background:
+        background.spawn(heartbeats_until_told(), "the heartbeats", may_return=True)
+        await asyncio.sleep(0.01)
+        background.check()
+
+
 async def test_watch_returns_what_it_waited_for_and_close_cancels_the_rest() -> None:
     async with Supervisor() as background:
         forever = background.spawn(asyncio.Event().wait(), "a follower")
