@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -135,10 +136,22 @@ class AttemptSpanProcessor(SpanProcessor):
     its context, else the one whose trace it continues."""
 
     def __init__(self) -> None:
-        self._owners: dict[int, AttemptRecorder] = {}
+        # Span id -> the recorder of the attempt that started it, until the span ends. Weak:
+        # a span that never ends (left open by an agent, or in a thread it abandoned) is
+        # forgotten with its attempt instead of being kept for the life of the process.
+        self._owners: weakref.WeakValueDictionary[int, AttemptRecorder] = (
+            weakref.WeakValueDictionary()
+        )
         # Trace id -> recorder, for the attempts' root spans still open.
-        self._traces: dict[int, AttemptRecorder] = {}
+        self._traces: weakref.WeakValueDictionary[int, AttemptRecorder] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
+
+    def open_spans(self) -> int:
+        """Spans started in attempts that have not ended (while their attempt is alive)."""
+        with self._lock:
+            return len(self._owners)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         context = span.get_span_context()

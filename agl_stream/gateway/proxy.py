@@ -40,9 +40,13 @@ from agl_stream.gateway.wire import (
     read_chunk,
 )
 from agl_stream.streams import EventPublisher
+from agl_stream.supervision import restarting
 
 FORWARDED_HEADERS = ("Authorization", "OpenAI-Organization", "OpenAI-Project", "Accept")
 PUMP_SECONDS = 0.2
+# Calls without an attempt whose spans are not on the broker yet, at most: past it (the
+# broker unreachable for a while) such calls get a 503 instead of spans piling up in memory.
+MAX_WAITING_SPANS = 50_000
 
 
 class UpstreamFailed(Exception):
@@ -117,7 +121,9 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, sock_read=self.upstream_timeout),
         )
         if self.publisher is not None:
-            self._pump = asyncio.create_task(self._pump_log())
+            self._pump = asyncio.create_task(
+                restarting(self._pump_log, "the gateway's span pump"), name="span pump"
+            )
         return self.url
 
     async def stop(self) -> None:
@@ -138,11 +144,19 @@ class Gateway:
             await self._send_log()
 
     async def _send_log(self) -> None:
+        """Send the calls' spans; a batch that fails goes back to the log (and the pump,
+        restarted with a backoff, sends it again): never dropped."""
         if self.publisher is None:
             return
-        sent = [await self.publisher.send("spans", event) for event in self.log.drain()]
-        if sent:
-            await asyncio.gather(*sent)
+        batch = self.log.drain()
+        try:
+            sent = [await self.publisher.send("spans", event) for event in batch]
+            if sent:
+                await asyncio.gather(*sent)
+        except BaseException:
+            self.log.put_back(batch)  # a span sent twice is kept once by the read model
+            self.counts["span_batches_failed"] = self.counts.get("span_batches_failed", 0) + 1
+            raise
 
     # -- one call ---------------------------------------------------------------------------
 
@@ -161,6 +175,12 @@ class Gateway:
         upstream = self._upstream(identity, route)
         if upstream is None:
             return _error(404, "this gateway has no upstream for calls without an attempt URL")
+        if route is None and self.publisher is not None and self.log.waiting() > MAX_WAITING_SPANS:
+            message = (
+                f"{self.log.waiting():,} recorded calls are waiting to reach the broker; "
+                "this gateway takes no more until they do"
+            )
+            return _error(503, message, "spans_backlog")
         kind = ENDPOINTS.get(endpoint)
         if kind is None or request.method != "POST":
             return await self._pass_through(request, upstream_url(upstream, endpoint))

@@ -75,3 +75,12 @@ class CallLog(AttemptRecorder):
         with self._lock:
             events, self._events = self._events, []
             return events
+
+    def put_back(self, events: list[SpanRecorded]) -> None:
+        """A batch that could not be sent goes back to the front, in order."""
+        with self._lock:
+            self._events[:0] = events
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._events)

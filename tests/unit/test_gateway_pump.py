@@ -1,0 +1,89 @@
+"""The standalone gateway's span pump: a failed send keeps its batch and the pump goes on;
+a backlog past the bound refuses new calls with a reason instead of growing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+from aiokafka.errors import KafkaConnectionError
+from opentelemetry.sdk.trace import TracerProvider
+
+from agl_stream.events import SpanRecorded
+from agl_stream.gateway import proxy
+from agl_stream.gateway.proxy import Gateway
+from agl_stream.supervision import restarting
+
+
+class FlakyPublisher:
+    """Fails the first `failures` sends, then keeps what it is sent."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.sent: list[SpanRecorded] = []
+
+    async def send(self, topic: str, event: SpanRecorded) -> asyncio.Future[None]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise KafkaConnectionError("the broker is gone")
+        self.sent.append(event)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def _record(gateway: Gateway, count: int) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    for i in range(count):
+        with tracer.start_as_current_span(f"call {i}") as span:
+            pass
+        gateway.log.record(span)  # type: ignore[arg-type]
+
+
+async def test_a_failed_send_keeps_its_batch_and_the_pump_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(proxy, "PUMP_SECONDS", 0.01)
+    monkeypatch.setattr(
+        proxy, "restarting", lambda work, what: restarting(work, what, first=0.01, cap=0.02)
+    )
+    publisher = FlakyPublisher(failures=2)
+    gateway = Gateway(publisher=publisher)  # type: ignore[arg-type]
+    await gateway.start()
+    try:
+        _record(gateway, 5)
+        for _ in range(200):
+            if len(publisher.sent) == 5:
+                break
+            await asyncio.sleep(0.01)
+        _record(gateway, 3)  # the pump still runs after the failures
+        for _ in range(200):
+            if len(publisher.sent) == 8:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await gateway.stop()
+    assert [e.sequence for e in publisher.sent] == list(range(8))
+    assert gateway.counts["span_batches_failed"] == 2
+
+
+async def test_a_backlog_past_the_bound_refuses_calls_with_a_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(proxy, "MAX_WAITING_SPANS", 3)
+    monkeypatch.setattr(proxy, "PUMP_SECONDS", 3600)  # nothing is sent meanwhile
+    gateway = Gateway(default_upstream="http://127.0.0.1:9/v1", publisher=FlakyPublisher(0))  # type: ignore[arg-type]
+    url = await gateway.start()
+    try:
+        _record(gateway, 4)
+        async with aiohttp.ClientSession() as session:
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                assert response.status == 503
+                answer = await response.json()
+    finally:
+        gateway.publisher = None  # the backlog is not the point here
+        await gateway.stop()
+    assert "4 recorded calls are waiting to reach the broker" in answer["error"]["message"]
