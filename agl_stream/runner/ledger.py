@@ -82,12 +82,15 @@ class Ledger:
 
     def prune(self, committed: int) -> int:
         """Forget finished rollouts whose records all lie below the committed tasks offset
-        (what a next owner would fold again if it needed them); returns how many. Only
-        when every inherited record was planned: the fold's facts are for those."""
+        (what a next owner would fold again if it needed them), and cancels the loop read
+        below it for rollouts with nothing pending (a cancel of a rollout that finished and
+        was forgotten); returns how many. Only when every inherited record was planned:
+        the fold's facts are for those."""
         done = [
             rollout_id
             for rollout_id, state in self.rollouts.items()
-            if state.terminal is not None and state.last_record < committed
+            if state.last_record < committed
+            and (state.terminal is not None or _only_cancelled(state))
         ]
         for rollout_id in done:
             del self.rollouts[rollout_id]
@@ -107,6 +110,12 @@ class Ledger:
         if task.attempt_number not in state.finished_at:
             return Plan(Action.RUN)
         return Plan(Action.SKIP, relies_on=state.finished_at.get(task.attempt_number))
+
+
+def _only_cancelled(state: RolloutState) -> bool:
+    """A cancel whose record the loop read (a cancel the watch read ahead is kept until
+    then: last_record stays -1), with no attempt ended that a retry could follow."""
+    return state.cancel is not None and not state.finished_at and state.last_record >= 0
 
 
 def _earliest(known: int | None, offset: int | None) -> int | None:

@@ -287,6 +287,7 @@ class Runner:
         event = item.event
         if isinstance(event, RolloutCancelled):
             self._cancelled(tp, event)
+            self.ledgers[tp].planned(event.rollout_id, item.offset)
             return
         assert isinstance(event, RolloutQueued)
         ledger = self.ledgers[tp]

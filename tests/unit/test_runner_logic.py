@@ -211,3 +211,17 @@ def test_the_ledger_forgets_finished_rollouts_once_their_records_are_committed()
     # A finished rollout known only from the fold (no record of it planned) goes too.
     ledger.apply(ended.model_copy(update={"rollout_id": "old"}), offset=2)
     assert ledger.prune(0) == 1
+
+
+def test_a_cancel_of_a_forgotten_rollout_is_forgotten_too_once_committed() -> None:
+    ledger = Ledger()
+    ledger.apply(RolloutCancelled(rollout_id="gone"))  # read ahead by the cancel watch
+    assert ledger.prune(100) == 0  # the loop has not read it: kept
+    ledger.planned("gone", 40)  # the loop read the cancel record at 40
+    assert ledger.prune(40) == 0
+    assert ledger.prune(41) == 1
+    # A cancel after an attempt ended (its retry may be a later record) stays.
+    ledger.apply(finished(1, AttemptStatus.FAILED), offset=3)
+    ledger.apply(RolloutCancelled(rollout_id="ro"))
+    ledger.planned("ro", 5)
+    assert ledger.prune(6) == 0
