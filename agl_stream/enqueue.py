@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from agl_stream.config import KafkaSettings
 from agl_stream.events import AttemptStatus, RolloutMode, RolloutQueued
-from agl_stream.kafka import admin_client, retrying, started
+from agl_stream.kafka import admin_client, producer, retrying, started
 from agl_stream.streams import EventPublisher, Topics
 
 MAX_INPUT_BYTES = 900_000  # under the broker's default 1 MB message limit, with the envelope
@@ -117,31 +117,63 @@ async def enqueue_batch(
 
     Rollout i's id is `rollout_ids(key, n)[i]` (a task input that is a dict with a string
     "rollout_id" keeps that id). The rollouts go in transactions of CHUNK, each committing
-    how many are queued as the offset of the consumer group `<prefix>enqueue-<id prefix>`:
-    a run cut off half-way leaves whole chunks (never a part of one), and a run with the
-    same key queues only what is not queued yet; two at once fence each other. Without a
-    key, a fresh one: every call queues new rollouts. The count is kept as long as Kafka
-    keeps committed offsets (offsets.retention.minutes, 7 days by default)."""
+    how many are queued (and a digest of the inputs and options) as the offset of the
+    consumer group `<prefix>enqueue-<id prefix>`: a run cut off half-way leaves whole chunks
+    (never a part of one), a run with the same key queues only what is not queued yet, and
+    one with the same key but other inputs is refused; two at once fence each other. The
+    count is kept as long as Kafka keeps committed offsets (offsets.retention.minutes, 7
+    days by default): after that, the same key queues the same ids again. Without a key:
+    new rollouts with ids of their own, through a plain idempotent producer."""
     options = options or RolloutOptions()
     tasks = list(tasks)
-    key = key or uuid.uuid4().hex
-    ids = rollout_ids(key, len(tasks))
+    ids = rollout_ids(key or uuid.uuid4().hex, len(tasks))
     events = []
     for task, default_id in zip(tasks, ids, strict=True):
         own = task.get("rollout_id") if isinstance(task, dict) else None
         events.append(make_rollout(task, options, own if isinstance(own, str) else default_id))
+    if key is None:
+        return Enqueued(await _queue_fresh(kafka, events, on_sent), len(events))
+    return await _queue_keyed(kafka, key, batch_key(tasks, options), events, on_sent)
+
+
+async def _queue_fresh(
+    kafka: KafkaSettings, events: list[RolloutQueued], on_sent: Callable[[int], None] | None
+) -> list[str]:
+    """New rollouts with ids of their own: nothing to resume, so no marker is kept."""
+    async with producer(kafka, linger_ms=5) as client:
+        publisher = EventPublisher(client, Topics(kafka))
+        for start in range(0, len(events), CHUNK):
+            chunk = events[start : start + CHUNK]
+            await asyncio.gather(*[await publisher.send("tasks", e) for e in chunk])
+            if on_sent is not None:
+                on_sent(len(chunk))
+    return [e.rollout_id for e in events]
+
+
+async def _queue_keyed(
+    kafka: KafkaSettings,
+    key: str,
+    digest: str,
+    events: list[RolloutQueued],
+    on_sent: Callable[[int], None] | None,
+) -> Enqueued:
     topics = Topics(kafka)
     marker = TopicPartition(topics.name("tasks"), 0)
     group = f"{kafka.topic_prefix}enqueue-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     client = AIOKafkaProducer(
-        acks="all", enable_idempotence=True, linger_ms=5,
-        transactional_id=group, **kafka.client_options(),
+        acks="all", enable_idempotence=True, linger_ms=5, transactional_id=group,
+        transaction_timeout_ms=30_000, **kafka.client_options(),
     )  # fmt: skip
     await started(client)  # fences a run with the same key still going
     try:
-        done = await retrying(
+        done, before = await retrying(
             lambda: _queued_before(kafka, group, marker), "reading what was queued before"
         )
+        if done and before != digest:
+            raise EnqueueError(
+                f"the key {key!r} already queued {done:,} rollouts of other task inputs or "
+                "options; use another key (or --again) for these"
+            )
         done = min(done, len(events))
         if on_sent is not None and done:
             on_sent(done)
@@ -150,7 +182,8 @@ async def enqueue_batch(
             chunk = events[start : start + CHUNK]
             await client.begin_transaction()
             sent = [await publisher.send("tasks", event) for event in chunk]
-            progress = OffsetAndMetadata(start + len(chunk), json.dumps({"total": len(events)}))
+            note = json.dumps({"total": len(events), "digest": digest})
+            progress = OffsetAndMetadata(start + len(chunk), note)
             await client.send_offsets_to_transaction({marker: progress}, group)
             await asyncio.gather(*sent)
             await client.commit_transaction()
@@ -161,11 +194,19 @@ async def enqueue_batch(
     return Enqueued([e.rollout_id for e in events], len(events) - done)
 
 
-async def _queued_before(kafka: KafkaSettings, group: str, marker: TopicPartition) -> int:
+async def _queued_before(
+    kafka: KafkaSettings, group: str, marker: TopicPartition
+) -> tuple[int, str | None]:
+    """How many rollouts the key queued, and the digest of the inputs it queued them for."""
     async with admin_client(kafka) as admin:
         offsets = await admin.list_consumer_group_offsets(group, partitions=[marker])
     found = offsets.get(marker)
-    return found.offset if found is not None and found.offset > 0 else 0
+    if found is None or found.offset <= 0:
+        return 0, None
+    try:
+        return found.offset, str(json.loads(found.metadata or "{}").get("digest"))
+    except (ValueError, AttributeError):
+        return found.offset, None
 
 
 async def enqueue(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -158,17 +159,24 @@ class Change:
     pin_only: bool = False
     parent_resources_id: str | None = None  # default: the latest version
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # For a change without an id: how to recognise it on the topic if it is out already (a
+    # publisher stopped, or a commit that succeeded but was not acknowledged), looked for
+    # under the fence after reading to the end, so it is published once.
+    same_as: Callable[[ResourcesPublished], bool] | None = None
 
 
 def next_version(cache: ResourceCache, change: Change, published_by: str) -> ResourcesPublished:
     """The version `change` makes on top of what `cache` holds (read to the topic's end)."""
     number = cache.top_version + 1
+    resources_id = change.resources_id or f"{change.id_prefix}-v{number}"
+    if resources_id in cache.versions:  # a generated id someone took by hand
+        resources_id = f"{resources_id}-{secrets.token_hex(3)}"
     latest = cache.latest
     carried = dict(latest.resources) if change.carry and latest is not None else {}
     metadata = {**change.metadata, **({PIN_ONLY: "true"} if change.pin_only else {})}
     parent = change.parent_resources_id or (latest.resources_id if latest else None)
     return ResourcesPublished(
-        resources_id=change.resources_id or f"{change.id_prefix}-v{number}",
+        resources_id=resources_id,
         version=number, resources={**carried, **change.resources}, published_by=published_by,
         parent_resources_id=parent, metadata=metadata,
     )  # fmt: skip
@@ -177,10 +185,14 @@ def next_version(cache: ResourceCache, change: Change, published_by: str) -> Res
 def already_published(cache: ResourceCache, change: Change) -> ResourcesPublished | None:
     """The version a repeated publication of `change` finds (same id, same resources);
     raises ResourcesConflict when the id holds other resources."""
-    existing = cache.versions.get(change.resources_id or "")
+    if change.resources_id is None:
+        found = [v for v in cache.versions.values() if change.same_as and change.same_as(v)]
+        return found[0] if found else None
+    existing = cache.versions.get(change.resources_id)
     if existing is None:
         return None
-    if any(existing.resources.get(k) != v for k, v in change.resources.items()):
+    differs = any(existing.resources.get(k) != v for k, v in change.resources.items())
+    if differs or existing.pin_only != change.pin_only:
         raise ResourcesConflict(
             f"{change.resources_id} is already published with other resources; versions are "
             "immutable, publish under a new id"
@@ -210,8 +222,10 @@ class ResourcesPublisher:
         delay = 0.05
         while True:
             try:
-                return await self._publish_once(change)
-            except KafkaError as exc:  # fenced by another publisher, or the broker failed
+                # aiokafka waits for a coordinator without end: the deadline bounds it.
+                async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
+                    return await self._publish_once(change)
+            except (KafkaError, TimeoutError) as exc:  # fenced, or the broker failed
                 await self._drop_producer()
                 if loop.time() > deadline:
                     raise ResourcesPublishError(
@@ -246,12 +260,18 @@ class ResourcesPublisher:
         event = next_version(self.cache, change, self.published_by)
         value = self._codec.encode(event)
         await self._producer.begin_transaction()
-        sent = await self._producer.send(
-            self.tp.topic, value, key=event.key.encode(), partition=0,
-            headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
-        )  # fmt: skip
-        meta = await sent
-        await self._producer.commit_transaction()
+        try:
+            sent = await self._producer.send(
+                self.tp.topic, value, key=event.key.encode(), partition=0,
+                headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
+            )  # fmt: skip
+            meta = await sent
+            await self._producer.commit_transaction()
+        except BaseException:
+            # Whatever became of the transaction, the next try starts from a new producer
+            # (whose start aborts it, or finds it committed when it reads to the end).
+            await self._drop_producer()
+            raise
         self.cache.apply(event)
         self._read_until = max(self._read_until, meta.offset + 1)
         self.created.add(event.resources_id)

@@ -89,7 +89,8 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         report.missing_topics = [name for name in wanted if name not in existing]
         described = await admin.describe_topics(present) if present else []
         groups = await admin.list_consumer_groups()
-        group_ids = sorted(g[0] for g in groups)
+        # Enqueue markers (agl_stream/enqueue.py) are groups no consumer is in: not listed.
+        group_ids = sorted(g[0] for g in groups if not is_enqueue_marker(g[0]))
         # One group per request: aiokafka 0.14 misreads a DescribeGroups answer from Kafka
         # 4 that holds several groups (the second is read from the wrong offset).
         descriptions = [await admin.describe_consumer_groups([g]) for g in group_ids]
@@ -108,6 +109,12 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         lag = await _group_lag(kafka, group_id, tps, ends)
         state, members = states.get(group_id, ("unknown", 0))
         report.groups.append(GroupStatus(group_id, state, members, lag))
+
+
+def is_enqueue_marker(group_id: str) -> bool:
+    """A group that only records how far a keyed enqueue got (`<prefix>enqueue-<digest>`)."""
+    _, found, digest = group_id.rpartition("enqueue-")
+    return bool(found) and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest)
 
 
 async def _group_lag(

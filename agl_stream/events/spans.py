@@ -85,3 +85,21 @@ class SpanRecorded(Event):
     links: tuple[SpanLink, ...] = ()
     resource: Attributes = Field(default_factory=dict)
     scope_name: str | None = None
+
+
+TOO_LARGE_ATTRIBUTE = "agl.span.too_large"
+
+
+def too_large_stand_in(span: SpanRecorded, size: int, limit: int) -> SpanRecorded:
+    """What goes on the topic for a span too large to be a record: the same identity,
+    place and times, its attributes, events and links replaced by the reason (so the
+    attempt's span count stays exact and the loss is visible where the span would be)."""
+    reason = f"this span was {size:,} bytes encoded, over the record limit of {limit:,}"
+    return span.model_copy(
+        update={
+            "attributes": {TOO_LARGE_ATTRIBUTE: reason},
+            "events": (),
+            "links": (),
+            "resource": {},
+        }
+    )

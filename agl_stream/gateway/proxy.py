@@ -15,11 +15,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry.context import Context
 
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
-from agl_stream.events import LLM
+from agl_stream.codec import Codec
+from agl_stream.events import LLM, SpanRecorded
+from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog
 from agl_stream.gateway.routes import (
     ENDPOINTS,
@@ -39,6 +42,7 @@ from agl_stream.gateway.wire import (
     prepare_request,
     read_chunk,
 )
+from agl_stream.runner.lane import MAX_RECORD_BYTES
 from agl_stream.streams import EventPublisher
 from agl_stream.supervision import restarting
 
@@ -144,19 +148,41 @@ class Gateway:
             await self._send_log()
 
     async def _send_log(self) -> None:
-        """Send the calls' spans; a batch that fails goes back to the log (and the pump,
-        restarted with a backoff, sends it again): never dropped."""
+        """Send the calls' spans. What the broker does not take goes back to the front of the
+        log, in order (the pump, restarted with a backoff, sends it again); a span too large
+        to be a record goes as a stand-in that says so. Nothing is dropped."""
         if self.publisher is None:
             return
         batch = self.log.drain()
+        queued: list[tuple[SpanRecorded, asyncio.Future[Any]]] = []
+        for i, event in enumerate(batch):
+            try:
+                queued.append((event, await self._send_span(event)))
+            except BaseException:
+                self._put_back([e for e, _ in queued], batch[i:])
+                raise
+        results = await asyncio.gather(*(f for _, f in queued), return_exceptions=True)
+        failed = [
+            e for (e, _), r in zip(queued, results, strict=True) if isinstance(r, BaseException)
+        ]
+        if failed:
+            self._put_back(failed, [])
+            raise next(r for r in results if isinstance(r, BaseException))
+
+    async def _send_span(self, event: SpanRecorded) -> asyncio.Future[Any]:
+        assert self.publisher is not None
         try:
-            sent = [await self.publisher.send("spans", event) for event in batch]
-            if sent:
-                await asyncio.gather(*sent)
-        except BaseException:
-            self.log.put_back(batch)  # a span sent twice is kept once by the read model
-            self.counts["span_batches_failed"] = self.counts.get("span_batches_failed", 0) + 1
-            raise
+            return await self.publisher.send("spans", event)
+        except MessageSizeTooLargeError:
+            size = len(Codec().encode(event))
+            self.counts["spans_too_large"] = self.counts.get("spans_too_large", 0) + 1
+            return await self.publisher.send(
+                "spans", too_large_stand_in(event, size, MAX_RECORD_BYTES)
+            )
+
+    def _put_back(self, failed: list[SpanRecorded], unsent: list[SpanRecorded]) -> None:
+        self.log.put_back(failed + unsent)
+        self.counts["span_batches_failed"] = self.counts.get("span_batches_failed", 0) + 1
 
     # -- one call ---------------------------------------------------------------------------
 

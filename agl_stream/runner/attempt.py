@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import traceback
 from dataclasses import dataclass
@@ -17,8 +18,12 @@ from agl_stream.agent.api import LitAgent, NamedResources, Rollout
 from agl_stream.agent.emit import emit_reward
 from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
 from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
+from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.proxy import Gateway
+from agl_stream.runner.lane import EventTooLarge
 from agl_stream.streams import Sender
+
+log = logging.getLogger(__name__)
 
 ATTEMPT_SPAN = "agl.attempt"
 WATCH_INTERVAL = 0.05
@@ -75,7 +80,12 @@ async def execute(
     async def pump() -> None:
         spans = recorder.take(len(sent))
         for span in spans:
-            sent.append(await publisher.send("spans", span))
+            try:
+                sent.append(await publisher.send("spans", span))
+            except EventTooLarge as exc:  # e.g. an LLM call with a huge context
+                log.warning("attempt %s: %s; a stand-in says so", rollout.attempt_id, exc)
+                stand_in = too_large_stand_in(span, exc.size, exc.limit)
+                sent.append(await publisher.send("spans", stand_in))
 
     async def call_agent() -> Any:
         current_recorder.set(recorder)

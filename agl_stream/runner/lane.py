@@ -39,6 +39,10 @@ class LaneClosed(RuntimeError):
 class EventTooLarge(ValueError):
     """One event is larger than a produce request may be; only its sender fails."""
 
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
+
 
 MAX_RECORD_BYTES = 1_000_000  # under aiokafka's (and Kafka's) default 1 MiB request limit
 CLOSE_SECONDS = 15.0
@@ -150,7 +154,9 @@ class Lane:
         if len(value) > MAX_RECORD_BYTES:
             raise EventTooLarge(
                 f"a {event.type_name()} of {len(value):,} bytes is larger than a record may be "
-                f"({MAX_RECORD_BYTES:,})"
+                f"({MAX_RECORD_BYTES:,})",
+                len(value),
+                MAX_RECORD_BYTES,
             )
         return _Pending(full, event.key.encode(), value, event.type_name())
 

@@ -266,8 +266,14 @@ class Runner:
             await self._settle()
             # A cancel later in the batch stops a rollout queued earlier in it from starting.
             for item in batch:
-                ledger = self.ledgers.get(TopicPartition(item.topic, item.partition))
-                if ledger is not None and isinstance(item.event, RolloutCancelled):
+                tp = TopicPartition(item.topic, item.partition)
+                ledger = self.ledgers.get(tp)
+                below_floor = item.offset < self._floors.get(tp, 0)  # done by an earlier owner
+                if (
+                    ledger is not None
+                    and not below_floor
+                    and isinstance(item.event, RolloutCancelled)
+                ):
                     ledger.apply(item.event)
             for item in batch:
                 tp = TopicPartition(item.topic, item.partition)
@@ -342,7 +348,12 @@ class Runner:
         except Exception as exc:
             log.exception("rollout %s attempt %s could not be recorded", *key)
             self.counts["errors"] += 1
-            if await self._fail_unrecorded(key, Claim(tp, offset), exc):
+            try:
+                recorded = await self._fail_unrecorded(key, Claim(tp, offset), exc)
+            except asyncio.CancelledError:  # handed back meanwhile: the next owner runs it
+                self.in_flight.pop(key, None)
+                raise
+            if recorded:
                 self._finished(key, tp, offset)
             else:
                 self.in_flight.pop(key, None)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 STATE_FILE = "trainer.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -26,8 +27,10 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 def checkpoint_root(location: str) -> Path:
     """A local path or a file:// URI (other schemes need a filesystem this release lacks)."""
     parsed = urlparse(location)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else location).expanduser().resolve()
+    if parsed.scheme == "file":  # Path.as_uri() percent-encodes (a space is %20)
+        return Path(url2pathname(parsed.path)).expanduser().resolve()
+    if parsed.scheme == "":
+        return Path(location).expanduser().resolve()
     raise ValueError(
         f"checkpoint location {location!r}: only local paths and file:// URIs are supported"
     )

@@ -126,6 +126,7 @@ class Trainer:
         # staleness: counted in policy updates, whoever published versions in between.
         self.versions: dict[str, int] = {}
         self.resources = ResourceCache()  # folded from the resources topic while it runs
+        self._noted: set[str] = set()  # versions _note_versions has looked at
         self._resources_out: ResourcesPublisher | None = None
         self._time_stops: dict[TP, int] = {}
         self._evicted: list[Trajectory] = []
@@ -242,8 +243,11 @@ class Trainer:
         """Samples the staleness rule drops leave their groups now; the next step consumes
         them (its lineage lists them) without training on them."""
         rule = self.config.staleness
+        self._note_versions()
 
         def too_stale(t: Trajectory) -> bool:
+            if (t.resources_id or "") not in self.resources.versions:
+                return False  # not folded yet (the runner saw it first): judged later
             return rule.weight(self.versions.get(t.resources_id or ""), self.step) is None
 
         self._evicted += self.groups.evict(too_stale)
@@ -383,13 +387,19 @@ class Trainer:
     # -- resources ----------------------------------------------------------------------------
 
     def _note_versions(self) -> None:
-        """Which of this trainer's policy steps each known version holds (for staleness)."""
-        for rid, event in self.resources.versions.items():
+        """Which of this trainer's policy steps each version folded since the last call
+        holds (for staleness; a version holding none of its checkpoints has no step)."""
+        versions = self.resources.versions
+        if len(versions) == len(self._noted):
+            return
+        for rid, event in list(versions.items()):
+            if rid in self._noted:
+                continue
+            self._noted.add(rid)
             policy = event.resources.get(POLICY_RESOURCE)
-            if rid not in self.versions and isinstance(policy, Checkpoint):
-                step = self.store.step_of(policy.uri)
-                if step is not None:
-                    self.versions[rid] = step
+            step = self.store.step_of(policy.uri) if isinstance(policy, Checkpoint) else None
+            if step is not None:
+                self.versions[rid] = step
 
     def _own_version(self, step: int) -> ResourcesPublished | None:
         """The version holding this store's checkpoint of `step`, if one is published (the
@@ -430,6 +440,10 @@ class Trainer:
                 Change(
                     resources={POLICY_RESOURCE: checkpoint}, id_prefix=self.config.run_name,
                     parent_resources_id=parent, metadata=metadata,
+                    # Out already (a commit that succeeded unacknowledged): found, not doubled.
+                    same_as=lambda v: v.metadata.get("run_name") == self.config.run_name
+                    and v.metadata.get("step") == str(self.step)
+                    and v.resources.get(POLICY_RESOURCE) == checkpoint,
                 )
             )  # fmt: skip
         self.resources_id, self.version = event.resources_id, event.version

@@ -12,7 +12,14 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agl_stream.config import KafkaSettings
-from agl_stream.enqueue import CHUNK, RolloutOptions, enqueue, enqueue_batch, rollout_ids
+from agl_stream.enqueue import (
+    CHUNK,
+    EnqueueError,
+    RolloutOptions,
+    enqueue,
+    enqueue_batch,
+    rollout_ids,
+)
 from agl_stream.events import RolloutQueued
 from agl_stream.streams import Topics, read_partitions
 from tests.integration.helpers import invoke_cli
@@ -60,6 +67,9 @@ async def test_a_run_cut_off_mid_chunk_is_completed_without_duplicates(
     third = await enqueue_batch(kafka, tasks, RolloutOptions(), key="nightly-42")
     assert third.queued_now == 0
     assert sum((await queued(kafka)).values()) == len(tasks)
+    # The same key for other inputs is refused, not half-applied.
+    with pytest.raises(EnqueueError, match="already queued 1,200 rollouts of other task inputs"):
+        await enqueue(kafka, tasks[1:], RolloutOptions(), key="nightly-42")
     # No key: each call is new work.
     first = await enqueue(kafka, tasks[:3])
     second = await enqueue(kafka, tasks[:3])

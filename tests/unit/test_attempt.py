@@ -309,3 +309,34 @@ async def test_spans_that_end_after_their_attempt_are_counted(
     assert done.wait(5)
     assert names(spans) == ["agl.attempt"] and outcome.span_count == 1
     assert dropped.counts == {"late": 1}
+
+
+class SizedSpans(Spans):
+    """A Sender that refuses what a lane refuses: an event too large to be a record."""
+
+    async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]:
+        from agl_stream.codec import Codec
+        from agl_stream.runner.lane import MAX_RECORD_BYTES, EventTooLarge
+
+        size = len(Codec().encode(event))
+        if size > MAX_RECORD_BYTES:
+            raise EventTooLarge("too large", size, MAX_RECORD_BYTES)
+        return await super().send(short_topic, event)
+
+
+async def test_a_span_too_large_for_a_record_leaves_a_stand_in_saying_why() -> None:
+    """It used to fail the attempt's job in the runner (the rollout left unfinished)."""
+
+    @rollout
+    async def verbose(task: dict[str, Any]) -> float:
+        emit_message("x" * 2_000_000)
+        emit_message("small")
+        return 1.0
+
+    spans = SizedSpans()
+    outcome = await run(verbose, queued(), spans)
+    assert outcome.status == AttemptStatus.SUCCEEDED
+    assert outcome.span_count == len(spans.sent) == 4  # two messages, the reward, the attempt
+    big = spans.sent[0]
+    assert "over the record limit" in str(big.attributes["agl.span.too_large"])
+    assert [s.sequence for s in spans.sent] == [0, 1, 2, 3]

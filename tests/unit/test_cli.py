@@ -151,3 +151,11 @@ def test_serve_says_when_its_port_is_taken() -> None:
         result = CliRunner().invoke(cli, ["serve", "--model", "tiny", "--port", str(port)])
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_status_leaves_out_the_groups_that_only_mark_an_enqueue() -> None:
+    from agl_stream.status import is_enqueue_marker
+
+    assert is_enqueue_marker("agl.enqueue-0123456789abcdef")
+    assert not is_enqueue_marker("agl-runners")
+    assert not is_enqueue_marker("team-enqueue-workers")

@@ -87,3 +87,42 @@ async def test_a_backlog_past_the_bound_refuses_calls_with_a_reason(
         gateway.publisher = None  # the backlog is not the point here
         await gateway.stop()
     assert "4 recorded calls are waiting to reach the broker" in answer["error"]["message"]
+
+
+class SizeLimited(FlakyPublisher):
+    """Refuses what aiokafka refuses: a record over the request size."""
+
+    async def send(self, topic: str, event: SpanRecorded) -> asyncio.Future[None]:
+        from aiokafka.errors import MessageSizeTooLargeError
+
+        from agl_stream.codec import Codec
+
+        if len(Codec().encode(event)) > 1_000_000:
+            raise MessageSizeTooLargeError("too large")
+        return await super().send(topic, event)
+
+
+async def test_a_span_too_large_goes_as_a_stand_in_and_blocks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It went back to the front of the log after every try, forever, and everything
+    behind it waited (the review's poison span)."""
+    monkeypatch.setattr(proxy, "PUMP_SECONDS", 0.01)
+    publisher = SizeLimited(failures=0)
+    gateway = Gateway(publisher=publisher)  # type: ignore[arg-type]
+    await gateway.start()
+    try:
+        tracer = TracerProvider().get_tracer("test")
+        with tracer.start_as_current_span("huge", attributes={"blob": "x" * 2_000_000}) as span:
+            pass
+        gateway.log.record(span)  # type: ignore[arg-type]
+        _record(gateway, 2)
+        for _ in range(300):
+            if len(publisher.sent) == 3:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await gateway.stop()
+    assert [e.sequence for e in publisher.sent] == [0, 1, 2]  # each once
+    assert "over the record limit" in str(publisher.sent[0].attributes["agl.span.too_large"])
+    assert gateway.counts["spans_too_large"] == 1

@@ -63,3 +63,22 @@ def test_publishing_an_id_again_finds_it_or_is_refused() -> None:
     with pytest.raises(ResourcesConflict, match="p is already published with other resources"):
         already_published(cache, other)
     assert already_published(cache, Change(resources={"prompt": PROMPT}, resources_id="q")) is None
+
+
+def test_a_change_without_an_id_is_recognised_and_a_taken_id_is_not_reused() -> None:
+    mine = ResourcesPublished(
+        resources_id="run-v0", version=0, resources={"prompt": PROMPT}, metadata={"step": "1"}
+    )
+    cache = _cache(mine)
+    again = Change(
+        resources={"prompt": PROMPT}, id_prefix="run", same_as=lambda v: v.metadata == {"step": "1"}
+    )
+    assert already_published(cache, again) is mine
+    by_hand = ResourcesPublished(resources_id="run-v2", version=1, resources={"llm": ENDPOINT})
+    cache.apply(by_hand)
+    fresh = next_version(cache, Change(resources={"prompt": PROMPT}, id_prefix="run"), "t")
+    assert fresh.version == 2
+    assert fresh.resources_id.startswith("run-v2-") and fresh.resources_id != "run-v2"
+    pinned = Change(resources={"prompt": PROMPT}, resources_id="run-v0", pin_only=True)
+    with pytest.raises(ResourcesConflict):
+        already_published(cache, pinned)
