@@ -64,7 +64,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 @rollout
 def soak_agent(task: dict[str, Any], rollout: Rollout, policy: Checkpoint | None = None) -> float:
     """Quick for eval rollouts; train rollouts sample the latest checkpoint, as the demo."""
-    emit_message(f"soak {task['n']}", attempt=rollout.attempt_number)
+    emit_message(f"soak {task.get('n', task['letter'])}", attempt=rollout.attempt_number)
     if rollout.mode != RolloutMode.TRAIN or policy is None:
         return 1.0
     from agl_stream.training.local_llm import local_llm
@@ -273,9 +273,14 @@ async def soak(
                     now = time.monotonic()
                     owed = min(int(rate * (now - began)), args.rollouts) - sent
                     if owed > 0:
+                        # Train tasks repeat (one per letter) so that they fill the trainer's
+                        # groups; the 1M run of 2026-11-25 gave each a unique input, and the
+                        # trainer held every one waiting for a group (its RSS grew 9%).
                         events = [
                             make_rollout(
-                                {"n": n, "letter": "abcde"[n % 5]},
+                                {"letter": "abcde"[(n // args.train_every) % 5]}
+                                if n % args.train_every == 0
+                                else {"n": n, "letter": "abcde"[n % 5]},
                                 train if n % args.train_every == 0 else val,
                                 f"{prefix}{n}",
                             )
