@@ -34,6 +34,14 @@ class FlakyPublisher:
         return done
 
 
+async def _until_sent(publisher: FlakyPublisher, count: int) -> None:
+    """Wait (up to about 3 s) until the publisher has been sent `count` spans."""
+    for _ in range(300):
+        if len(publisher.sent) >= count:
+            return
+        await asyncio.sleep(0.01)
+
+
 def _record(gateway: Gateway, count: int) -> None:
     tracer = TracerProvider().get_tracer("test")
     for i in range(count):
@@ -54,15 +62,9 @@ async def test_a_failed_send_keeps_its_batch_and_the_pump_goes_on(
     await gateway.start()
     try:
         _record(gateway, 5)
-        for _ in range(200):
-            if len(publisher.sent) == 5:
-                break
-            await asyncio.sleep(0.01)
+        await _until_sent(publisher, 5)
         _record(gateway, 3)  # the pump still runs after the failures
-        for _ in range(200):
-            if len(publisher.sent) == 8:
-                break
-            await asyncio.sleep(0.01)
+        await _until_sent(publisher, 8)
     finally:
         await gateway.stop()
     assert [e.sequence for e in publisher.sent] == list(range(8))
@@ -117,10 +119,7 @@ async def test_a_span_too_large_goes_as_a_stand_in_and_blocks_nothing(
             pass
         gateway.log.record(span)  # type: ignore[arg-type]
         _record(gateway, 2)
-        for _ in range(300):
-            if len(publisher.sent) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await _until_sent(publisher, 3)
     finally:
         await gateway.stop()
     assert [e.sequence for e in publisher.sent] == [0, 1, 2]  # each once
