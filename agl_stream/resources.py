@@ -222,10 +222,8 @@ class ResourcesPublisher:
         delay = 0.05
         while True:
             try:
-                # aiokafka waits for a coordinator without end: the deadline bounds it.
-                async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
-                    return await self._publish_once(change)
-            except (KafkaError, TimeoutError) as exc:  # fenced, or the broker failed
+                return await self._publish_once(change)
+            except KafkaError as exc:  # fenced by another publisher, or the broker failed
                 await self._drop_producer()
                 if loop.time() > deadline:
                     raise ResourcesPublishError(
