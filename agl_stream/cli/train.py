@@ -40,6 +40,9 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Attempts of one task that make a GRPO group."),
         click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
                      help="Full groups in one update."),
+        click.option("--max-waiting", type=click.IntRange(1), default=10_000, show_default=True,
+                     help="Most trajectories waiting for their group to fill; past it the "
+                          "oldest groups that are not full are dropped (and counted)."),
         click.option("--reward-rule", type=click.Choice(["final", "per_call", "discounted"]),
                      default="final", show_default=True,
                      help="How an attempt's rewards become each LLM call's reward."),
@@ -78,6 +81,12 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     try:
         checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
+        if options["max_waiting"] < options["group_size"] * options["groups_per_step"]:
+            raise ValueError(
+                f"--max-waiting {options['max_waiting']} cannot hold one step: "
+                f"--groups-per-step {options['groups_per_step']} x --group-size "
+                f"{options['group_size']} trajectories"
+            )
         grpo = GRPOConfig(
             learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"]
         )
@@ -88,6 +97,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         run_name=options["run_name"] or "grpo", group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
+        max_waiting=options["max_waiting"],
         start_latest=options["start"] == "latest",
     )  # fmt: skip
 

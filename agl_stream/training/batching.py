@@ -77,12 +77,20 @@ class StepInput:
 class Groups:
     """Trajectories waiting for their group (attempts of one task) to fill up."""
 
-    def __init__(self, group_size: int, groups_per_step: int) -> None:
+    def __init__(
+        self, group_size: int, groups_per_step: int, max_waiting: int | None = None
+    ) -> None:
         if group_size < 1 or groups_per_step < 1:
             raise ValueError("group size and groups per step must be at least 1")
+        if max_waiting is not None and max_waiting < group_size * groups_per_step:
+            raise ValueError(
+                f"at most {max_waiting} waiting trajectories cannot hold one step "
+                f"({groups_per_step} groups of {group_size})"
+            )
         self.group_size = group_size
         self.groups_per_step = groups_per_step
-        self._groups: dict[str, list[Trajectory]] = {}
+        self.max_waiting = max_waiting
+        self._groups: dict[str, list[Trajectory]] = {}  # in the order their first member came
 
     def add(self, trajectories: Sequence[Trajectory]) -> None:
         for trajectory in trajectories:
@@ -116,6 +124,21 @@ class Groups:
             else:
                 del self._groups[key]
         return evicted
+
+    def overflow(self) -> list[Trajectory]:
+        """Past `max_waiting`, the oldest groups that are not full leave (their task will
+        never get enough attempts, or not soon): memory stays bounded whatever the inputs."""
+        if self.max_waiting is None:
+            return []
+        dropped: list[Trajectory] = []
+        waiting = self.waiting()
+        for key, members in list(self._groups.items()):
+            if waiting <= self.max_waiting:
+                break
+            if len(members) < self.group_size:
+                dropped += self._groups.pop(key)
+                waiting -= len(members)
+        return dropped
 
     def waiting(self) -> int:
         return sum(len(v) for v in self._groups.values())

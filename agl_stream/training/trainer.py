@@ -83,6 +83,10 @@ class TrainerConfig:
     heartbeat_seconds: float = 5.0
     threads: int = 1
     patience_records: int = 50_000
+    # Trajectories waiting for their group; past it the oldest groups that are not full are
+    # dropped (counted as dropped_incomplete), so that memory stays bounded.
+    max_waiting: int = 10_000
+    prune_records: int = 20_000  # between steps, forget what lies below the cut this often
 
 
 @dataclass
@@ -121,7 +125,7 @@ class Trainer:
         self.positions: dict[TP, int] = {}
         self.cut: dict[TP, int] = {}
         self.assembler = Assembler(config.patience_records)
-        self.groups = Groups(config.group_size, config.groups_per_step)
+        self.groups = Groups(config.group_size, config.groups_per_step, config.max_waiting)
         # resources id -> the step of this trainer's policy that the version holds, for
         # staleness: counted in policy updates, whoever published versions in between.
         self.versions: dict[str, int] = {}
@@ -130,6 +134,8 @@ class Trainer:
         self._resources_out: ResourcesPublisher | None = None
         self._time_stops: dict[TP, int] = {}
         self._evicted: list[Trajectory] = []
+        self._dropped_incomplete = 0  # since the last step
+        self._unpruned_records = 0
         self._policy: Policy | None = None
         self._grpo: GRPO | None = None
         self._publisher: EventPublisher | None = None
@@ -211,7 +217,9 @@ class Trainer:
             self.counts["records"] += len(batch)
             self.counts["dead_lettered"] += batch.dead_lettered
             self.groups.add(self.assembler.complete())
+            self._drop_overflow()
             self._evict_stale()
+            self._prune_between_steps(len(batch))
             while self.groups.ready() and not self._done():
                 await self._train_step(cons)
                 self._evict_stale()  # a new version makes more samples stale
@@ -252,6 +260,30 @@ class Trainer:
 
         self._evicted += self.groups.evict(too_stale)
 
+    def _drop_overflow(self) -> None:
+        """Groups that do not fill while others arrive leave past the bound: settled at once
+        (never handed out again, not kept in memory), counted in the next step's lineage."""
+        dropped = self.groups.overflow()
+        if not dropped:
+            return
+        self.assembler.settle([t.key for t in dropped], "attempts_dropped_incomplete")
+        self._dropped_incomplete += len(dropped)
+        self.counts["dropped_incomplete"] += len(dropped)
+        log.warning(
+            "%d trajectories left groups that were not full (more than %d waiting); "
+            "is --group-size larger than the attempts each task gets?",
+            len(dropped), self.config.max_waiting,
+        )  # fmt: skip
+
+    def _prune_between_steps(self, records: int) -> None:
+        """What the assembler settled lies below the cut soon: forgotten now and then, not
+        only at steps, so that its memory stays bounded when steps are rare."""
+        self._unpruned_records += records
+        if self._unpruned_records < self.config.prune_records:
+            return
+        self._unpruned_records = 0
+        self.assembler.prune(self.assembler.cut(self.positions))
+
     # -- one step ---------------------------------------------------------------------------
 
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
@@ -269,6 +301,9 @@ class Trainer:
         evicted, self._evicted = self._evicted, []
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
+        if self._dropped_incomplete:
+            step_input.counts["dropped_incomplete"] = self._dropped_incomplete
+            self._dropped_incomplete = 0
         stats = None
         if step_input.samples:
             stats = await asyncio.to_thread(self._grpo.update, step_input.samples)
@@ -427,7 +462,9 @@ class Trainer:
         metadata = {"step": str(self.step), "run_name": self.config.run_name}
         if state.get("mean_reward") is not None:
             metadata["mean_reward"] = f"{state['mean_reward']:.6f}"
-        for key in ("samples", "trajectories", "dropped_stale", "downweighted_stale"):
+        for key in (
+            "samples", "trajectories", "dropped_stale", "downweighted_stale", "dropped_incomplete"
+        ):  # fmt: skip
             if key in state["counts"]:
                 metadata[key] = str(state["counts"][key])
         found = self._own_version(self.step)

@@ -107,3 +107,43 @@ async def test_two_update_steps_through_the_broker(kafka: KafkaSettings, tmp_pat
         tuple(k) for s in states for k in s["used"]
     )
     assert not [e for e in await published(kafka) if e.resources_id.startswith("offline")]
+
+
+async def test_groups_that_never_fill_are_dropped_past_the_bound(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Tasks with fewer attempts than a group needs (every input unique, say) would wait for
+    ever: past --max-waiting the oldest groups that are not full leave, counted, and the
+    trajectories waiting stay bounded while full groups still make steps."""
+    config = TrainerConfig(
+        checkpoint_dir=str(tmp_path / "checkpoints"), run_name="bound", group_size=4,
+        groups_per_step=1, max_steps=1, max_waiting=4, heartbeat_seconds=1.0,
+    )  # fmt: skip
+    trainer = Trainer(kafka, config)
+    training = asyncio.create_task(trainer.run(asyncio.Event()))
+    async with runner_in_process(kafka, AGENT, concurrency=8):
+
+        async def out() -> bool:
+            return any(e.resources_id == "bound-v0" for e in await published(kafka))
+
+        await eventually(out, 60, "the trainer to publish bound-v0")
+        for n in range(6):  # six tasks of one attempt each: their groups never fill
+            await queue(kafka, [{"letter": "a"}], resources_id="bound-v0",
+                        metadata={"group": f"single-{n}"})  # fmt: skip
+
+        async def two_dropped() -> bool:
+            assert trainer.groups.waiting() <= 4
+            return trainer.counts["dropped_incomplete"] == 2
+
+        await eventually(two_dropped, 60, "the two oldest single groups to be dropped")
+        await enqueue_group_tasks(kafka, "bound-v0", groups=1, size=4)
+        await asyncio.wait_for(training, 120)
+
+    states = CheckpointStore(config.checkpoint_dir).lineage()
+    assert lineage_problems(states) == []
+    assert len(states[1]["used"]) == 4  # the full group, trained on
+    # The newest group filled while the four single ones left to make room for it.
+    assert states[1]["counts"]["dropped_incomplete"] == 6
+    assert states[1]["counts"]["assembler_attempts_dropped_incomplete"] == 6
+    version = next(e for e in await published(kafka) if e.resources_id == "bound-v1")
+    assert version.metadata["dropped_incomplete"] == "6"

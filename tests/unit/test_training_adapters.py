@@ -192,6 +192,20 @@ def test_stale_trajectories_leave_their_groups_so_fresh_groups_fill_the_step() -
     assert not groups.ready() and groups.waiting() == 1
 
 
+def test_past_the_bound_the_oldest_groups_that_are_not_full_leave() -> None:
+    groups = Groups(group_size=2, groups_per_step=1, max_waiting=3)
+    groups.add([trajectory([], group=g, rid=r) for g, r in [("a", "1"), ("b", "2"), ("b", "3")]])
+    assert groups.overflow() == []  # three waiting: at the bound
+    groups.add([trajectory([], group="c", rid="4"), trajectory([], group="d", rid="5")])
+    # Five waiting: the oldest group that is not full (a) and the next one (c) leave; b is
+    # full and older than both but waits for its step.
+    assert [t.rollout_id for t in groups.overflow()] == ["1", "4"]
+    assert groups.waiting() == 3 and groups.ready()
+    assert [[t.rollout_id for t in g] for g in groups.take()] == [["2", "3"]]
+    with pytest.raises(ValueError, match="cannot hold one step"):
+        Groups(group_size=4, groups_per_step=2, max_waiting=7)
+
+
 def test_failed_calls_are_not_trained_on() -> None:
     """A call the gateway recorded as failed (the upstream died mid-answer) gave the agent
     nothing; the retry that answered is the triplet."""
