@@ -100,7 +100,9 @@ def format_command(node: KafkaNode, home: Path, cluster_id: str) -> list[str]:
     return [
         str(kafka_dist.java_binary()), f"-Dlog4j2.configurationFile={kafka_dist.LOG4J_CONFIG}",
         "-cp", kafka_dist.classpath(libs), "kafka.tools.StorageTool", "format",
-        "--cluster-id", cluster_id, "--config", str(_config_path(node, home)), "--ignore-formatted",
+        # One argument: an id may begin with "-" (1 in 64), which a separate one would not be.
+        f"--cluster-id={cluster_id}", "--config", str(_config_path(node, home)),
+        "--ignore-formatted",
     ]  # fmt: skip
 
 

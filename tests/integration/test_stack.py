@@ -9,8 +9,9 @@ import pytest
 
 from agl_stream.config import KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import head_revision
+from agl_stream.embedded.kafka_node import KafkaNode, format_storage, write_config
 from agl_stream.embedded.process import alive, pick_ports
-from agl_stream.embedded.stack import EmbeddedStack
+from agl_stream.embedded.stack import EmbeddedStack, _kafka_id
 from agl_stream.kafka import consumer, producer
 from agl_stream.streams import EventPublisher, EventStream, Topics
 from tests.integration.helpers import collect, examples, invoke_cli, traversable
@@ -90,3 +91,14 @@ async def test_up_down_up_keeps_events_and_offsets(
         assert {e.event.event_id for e in again} == {e.event_id for e in written}
     finally:
         stack.down()
+
+
+def test_a_cluster_id_beginning_with_a_dash_formats(tmp_path: Path) -> None:
+    """Kafka's ids are URL-safe base64: one in 64 begins with "-", which the storage tool
+    took for an option when the id was a separate argument (a stack that failed to start)."""
+    node = KafkaNode(node_id=1, port=1, controller_port=2)
+    write_config(node, [node], tmp_path)
+    cluster_id = "-" + _kafka_id(bytes(16))[1:]
+    format_storage([node], tmp_path, cluster_id)
+    meta = (node.data_dir(tmp_path) / "meta.properties").read_text()
+    assert f"cluster.id={cluster_id}" in meta
