@@ -133,6 +133,7 @@ class InFlight:
     task: RolloutQueued
     job: asyncio.Task[None]
     handle: AttemptHandle = field(default_factory=AttemptHandle)
+    attempt_id: str | None = None  # once its AttemptStarted is in the lane
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -370,17 +371,28 @@ class Runner:
 
     async def _fail_unrecorded(self, key: tuple[str, int], claim: Claim, exc: Exception) -> bool:
         """A record whose work failed in the runner itself (not in the agent, whose errors
-        are the attempt's outcome): the rollout ends failed with the reason, so the
-        partition's commit moves past it instead of waiting for a rebalance. False when
-        even that cannot be published (the partition moved, or the broker refuses)."""
+        are the attempt's outcome): the attempt (if it started) and the rollout end failed
+        with the reason, so the partition's commit moves past it instead of waiting for a
+        rebalance. False when even that cannot be published (the partition moved, or the
+        broker refuses)."""
         flight = self.in_flight.get(key)
         if flight is None:
             return False
         error = ErrorInfo(
             type="RunnerError", message=f"the runner could not record this rollout: {exc!r}"[:2000]
         )
+        task, attempt_id = flight.task, flight.attempt_id
+        finished = None
+        if attempt_id is not None:
+            # Its spans may be partly out: none are counted, so no reader waits for them.
+            finished = AttemptFinished(
+                rollout_id=task.rollout_id, attempt_id=attempt_id,
+                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+                status=AttemptStatus.FAILED, error=error, span_count=0,
+            )  # fmt: skip
+            self.counts["attempts_failed"] += 1
         try:
-            await self._end(claim, flight.task, None, RolloutStatus.FAILED, error)
+            await self._end(claim, task, attempt_id, RolloutStatus.FAILED, error, finished)
         except Exception:  # said; the record waits for the next owner
             log.exception(
                 "rollout %s could not be failed either: %s stays uncommitted until the "
@@ -439,6 +451,7 @@ class Runner:
             resources_id=rollout.resources_id, task_offset=claim.offset,
         )  # fmt: skip
         started = await lane.send("rollouts", started_event)
+        self.in_flight[key].attempt_id = attempt_id
         if task.resources_id is not None and version is None:
             message = f"no resources version {task.resources_id!r} has been published"
             error = ErrorInfo(type="UnknownResources", message=message)

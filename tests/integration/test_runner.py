@@ -309,4 +309,9 @@ async def test_a_record_the_runner_fails_to_record_ends_failed_and_releases_the_
     assert final is not None and final.status == RolloutStatus.FAILED
     assert final.error is not None and final.error.type == "RunnerError"
     assert "a bug in the runner" in final.error.message
+    # The attempt it had started ends too (no attempt is left running for ever).
+    [started] = h.started[boom[0]]
+    [attempt] = h.finished[boom[0]]
+    assert attempt.attempt_id == started.attempt_id == final.attempt_id
+    assert attempt.status == AttemptStatus.FAILED and attempt.error == final.error
     assert all(h.final(r).status == RolloutStatus.SUCCEEDED for r in ok)  # type: ignore[union-attr]
