@@ -102,7 +102,10 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     )  # fmt: skip
 
 
-def run_trainer(app: AppContext, config: Any) -> None:
+def run_trainer(
+    app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
+) -> None:
+    from agl_stream.metrics import serving_metrics
     from agl_stream.training.trainer import Trainer
 
     def show(report: Any) -> None:
@@ -119,7 +122,8 @@ def run_trainer(app: AppContext, config: Any) -> None:
     )
 
     async def main() -> None:
-        await trainer.run(stop_on_signals())
+        async with serving_metrics(trainer.metrics, metrics_host, metrics_port):
+            await trainer.run(stop_on_signals())
 
     asyncio.run(main())
     console.print(

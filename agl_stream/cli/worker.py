@@ -14,6 +14,7 @@ from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_
 from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
 from agl_stream.config import current_role
 from agl_stream.gc_tuning import tune_for_throughput
+from agl_stream.metrics import serving_metrics
 from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.runner.worker import Runner, RunnerConfig
 
@@ -96,6 +97,23 @@ ROLES = ("runner", "projector", "trainer")
     show_default=True,
     help="Port of the runner's gateway (0: any free port).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    envvar="AGL_STREAM_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (0: off; runner, projector and "
+    "GRPO trainer). [env: AGL_STREAM_METRICS_PORT]",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="AGL_STREAM_METRICS_HOST",
+    help="Address the metrics endpoint listens on (0.0.0.0 for a Prometheus on another "
+    "machine). [env: AGL_STREAM_METRICS_HOST]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
 @trainer_options
 @apo_options
@@ -117,6 +135,8 @@ def worker(
     gateway: bool,
     gateway_host: str,
     gateway_port: int,
+    metrics_port: int,
+    metrics_host: str,
     verbose: bool,
     **trainer: Any,
 ) -> None:
@@ -155,7 +175,7 @@ def worker(
             config.worker_id = worker_id
         projector = Projector(app.kafka(), app.database(), config)
         console.print(f"projector {config.worker_id}: group {projector.group_id}", highlight=False)
-        asyncio.run(_run_until_signal(projector))
+        asyncio.run(_run_until_signal(projector, metrics_host, metrics_port))
         console.print(f"projector {config.worker_id} stopped: {dict(projector.counts)}")
         return
     if role == "trainer" and trainer["algorithm"] == "apo":
@@ -171,7 +191,7 @@ def worker(
         if group:
             config.group_id = group
         config.heartbeat_seconds = heartbeat
-        run_trainer(app, config)
+        run_trainer(app, config, metrics_host, metrics_port)
         return
     if agent_spec is None:
         raise click.UsageError("a runner needs --agent MODULE:ATTR, the agent to run")
@@ -192,17 +212,20 @@ def worker(
         f"runner {runner_config.worker_id}: agent {agent_spec}, concurrency {concurrency}",
         highlight=False,
     )
-    asyncio.run(_run_until_signal(runner))
+    asyncio.run(_run_until_signal(runner, metrics_host, metrics_port))
     console.print(
         f"runner {runner_config.worker_id} stopped: {dict(runner.counts)}", highlight=False
     )
 
 
-async def _run_until_signal(runner: Runner | Projector) -> None:
+async def _run_until_signal(
+    runner: Runner | Projector, metrics_host: str, metrics_port: int
+) -> None:
     if isinstance(runner, Projector):
         # This process is the projector: its own collector settings. Not for runners: their
         # in-flight rollouts outlive young collections, so cyclic garbage (tasks, spans)
         # waited for rare old-generation collections and a runner's RSS grew by half over
         # 10,000 rollouts in the runner benchmark, for no measurable gain.
         tune_for_throughput()
-    await runner.run(stop_on_signals())
+    async with serving_metrics(runner.metrics, metrics_host, metrics_port):
+        await runner.run(stop_on_signals())

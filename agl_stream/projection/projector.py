@@ -24,6 +24,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
 from agl_stream.kafka import consumer, producer
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.projection.apply import CONVERTERS, Applied, Behind, Projection, Switched
 from agl_stream.projection.store import Partition, active_read_model, connect
 from agl_stream.streams import Batch, EventPublisher, EventStream, Topics
@@ -69,6 +70,9 @@ class Projector:
         self._lock = asyncio.Lock()  # one transaction at a time (rebalance vs loop)
         self._group_offsets: dict[TopicPartition, int] = {}
         self._group_committed_at = 0.0
+        self.metrics = WorkerMetrics(
+            "projector", lambda: {**self.counts, "lag": self.lag()}, self.partition_lag
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_topics_ready(self.kafka, PROJECTED_TOPICS)
@@ -139,8 +143,12 @@ class Projector:
         reader = self._consumer
         assert reader is not None
         ends = {(tp.topic, tp.partition): reader.highwater(tp) or 0 for tp in batch.next_offsets}
+        began = time.monotonic()
         outcome = await self.projection.apply(batch, ends)
         if isinstance(outcome, Applied):
+            self.metrics.observe(
+                "batch", time.monotonic() - began, "One batch's transaction in PostgreSQL."
+            )
             self.counts["events"] += outcome.events
             self.counts["spans"] += outcome.spans
             self.counts["batches"] += 1
@@ -193,14 +201,18 @@ class Projector:
         return self._stream
 
     def lag(self) -> int:
+        return sum(self.partition_lag().values())
+
+    def partition_lag(self) -> dict[tuple[str, int], int]:
+        """Per assigned partition: records between what the read model holds and the end."""
         reader = self._consumer
-        if reader is None:
-            return 0
-        total = 0
+        if reader is None or self._projection is None:
+            return {}
+        lag = {}
         for tp in reader.assignment():
             position = self.projection.positions.get((tp.topic, tp.partition)) or 0
-            total += max(0, (reader.highwater(tp) or 0) - position)
-        return total
+            lag[(tp.topic, tp.partition)] = max(0, (reader.highwater(tp) or 0) - position)
+        return lag
 
     async def _heartbeats(self, publisher: EventPublisher, stop: asyncio.Event) -> None:
         while not stop.is_set():

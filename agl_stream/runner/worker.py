@@ -53,6 +53,7 @@ from agl_stream.events import (
 )
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.resources import ResourceCache, follow_resources
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.cancel_watch import CancelWatch
@@ -177,6 +178,7 @@ class Runner:
         self.background = Supervisor()
         # Kept in step with the lanes: a partition is watched from its settling on.
         self.cancel_watch = CancelWatch(self._cancelled)
+        self.metrics = WorkerMetrics("runner", self._counts, self._partition_lag)
 
     @property
     def publisher(self) -> EventPublisher:
@@ -430,6 +432,7 @@ class Runner:
 
     async def _attempt(self, key: tuple[str, int], claim: Claim, task: RolloutQueued) -> None:
         attempt_id = uuid.uuid4().hex
+        began = time.monotonic()
         try:
             version = self.resources.resolve(task.resources_id)
         except KeyError:
@@ -471,6 +474,9 @@ class Runner:
             reward=outcome.reward,
         )  # fmt: skip
         self.counts[f"attempts_{outcome.status.value}"] += 1
+        self.metrics.observe(
+            "attempt", time.monotonic() - began, "An attempt's time, its resources wait included."
+        )
         if outcome.cancelled:
             await self._end(
                 claim, task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished
@@ -702,9 +708,20 @@ class Runner:
     def _counts(self) -> dict[str, int]:
         counts = dict(self.counts)
         counts["ledger_rollouts"] = sum(len(ledger.rollouts) for ledger in self.ledgers.values())
+        counts["in_flight"] = len(self.in_flight)
         if self.gateway is not None:
             counts.update({f"gateway_{k}": v for k, v in self.gateway.counts.items()})
         return counts
+
+    def _partition_lag(self) -> dict[tuple[str, int], int]:
+        """Per owned tasks partition: records from the lowest one not finished to the end."""
+        lag = {}
+        for tp, progress in self.progress.items():
+            position = progress.commit_position()
+            end = self._consumer.highwater(tp) if self._consumer is not None else None
+            if position is not None and end is not None:
+                lag[(tp.topic, tp.partition)] = max(0, end - position)
+        return lag
 
 
 async def _first(*aws: Coroutine[Any, Any, Any], within: float | None = None) -> None:

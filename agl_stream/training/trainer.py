@@ -35,6 +35,7 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.kafka import consumer, producer
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.resources import Change, ResourceCache, ResourcesPublisher, follow_resources
 from agl_stream.streams import EventPublisher, EventStream, Topics
 from agl_stream.supervision import Supervisor, restarting
@@ -139,6 +140,7 @@ class Trainer:
         self._policy: Policy | None = None
         self._grpo: GRPO | None = None
         self._publisher: EventPublisher | None = None
+        self.metrics = WorkerMetrics("trainer", self._snapshot)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -330,6 +332,8 @@ class Trainer:
             dict(step_input.counts), stats, time.monotonic() - started,
         )  # fmt: skip
         log.info("step %d: mean reward %.3f, %s", report.step, report.mean_reward, report.counts)
+        self.metrics.observe("step", report.seconds, "A step: update, checkpoint and publish.")
+        self.metrics.set("mean_reward", report.mean_reward, "The latest step's mean reward.")
         if self.on_step is not None:
             self.on_step(report)
 
@@ -486,6 +490,14 @@ class Trainer:
         self.resources_id, self.version = event.resources_id, event.version
         self.versions[event.resources_id] = self.step
 
+    def _snapshot(self) -> dict[str, int]:
+        """What heartbeats and metrics count."""
+        counts = dict(self.counts)
+        counts["step"] = self.step
+        counts["waiting_trajectories"] = self.groups.waiting()
+        counts["pending_rollouts"] = len(self.assembler.pending)
+        return counts
+
     # -- heartbeats ---------------------------------------------------------------------------
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
@@ -497,10 +509,7 @@ class Trainer:
     async def _heartbeat(self, status: WorkerStatus) -> None:
         if self._publisher is None:
             return
-        counts = dict(self.counts)
-        counts["step"] = self.step
-        counts["waiting_trajectories"] = self.groups.waiting()
-        counts["pending_rollouts"] = len(self.assembler.pending)
+        counts = self._snapshot()
         await self._publisher.publish(
             "workers",
             WorkerHeartbeat(

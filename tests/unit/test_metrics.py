@@ -1,0 +1,51 @@
+"""How a worker's counts are named as Prometheus metrics (pure)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agl_stream.metrics import WorkerMetrics, families
+
+
+def test_counts_become_labelled_counters_gauges_and_counters() -> None:
+    named = {
+        f.name: (f.type, [(s.labels, s.value) for s in f.samples])
+        for f in families(
+            "runner",
+            {
+                "rollouts_succeeded": 3,
+                "rollouts_failed": 1,
+                "attempts_timeout": 2,
+                "in_flight": 5,
+                "rejoins": 7,
+            },
+        )
+    }
+    assert named["agl_stream_rollouts"] == (
+        "counter", [({"status": "failed"}, 1), ({"status": "succeeded"}, 3)]
+    )  # fmt: skip
+    assert named["agl_stream_attempts"] == ("counter", [({"status": "timeout"}, 2)])
+    assert named["agl_stream_runner_in_flight"] == ("gauge", [({}, 5)])
+    assert named["agl_stream_runner_rejoins"] == ("counter", [({}, 7)])
+    # Only a runner's rollouts_ and attempts_ are by status; other roles keep the name.
+    [other] = families("trainer", {"attempts_dropped": 1})
+    assert other.name == "agl_stream_trainer_attempts_dropped"
+
+
+def test_the_exposition_reads_counts_when_scraped_and_holds_histograms() -> None:
+    counts = {"steps": 1}
+    metrics = WorkerMetrics("trainer", lambda: counts, lambda: {("spans", 0): 4})
+    metrics.observe("step", 0.3, "A step.")
+    metrics.set("mean_reward", 0.5, "The reward.")
+    counts["steps"] = 2  # read when scraped, not when registered
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+    }
+    assert samples[("agl_stream_trainer_steps_total", ())] == 2
+    assert samples[("agl_stream_trainer_step_seconds_count", ())] == 1
+    assert samples[("agl_stream_trainer_step_seconds_bucket", (("le", "0.5"),))] == 1
+    assert samples[("agl_stream_trainer_mean_reward", ())] == 0.5
+    key = ("agl_stream_trainer_partition_lag", (("partition", "0"), ("topic", "spans")))
+    assert samples[key] == 4
