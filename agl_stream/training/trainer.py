@@ -291,6 +291,7 @@ class Trainer:
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
         assert self._grpo is not None
         started = time.monotonic()
+        timings: dict[str, float] = {"ready_at": time.time()}  # the groups filled
         self._note_versions()
         step_input = build_step(
             self.groups.take(),
@@ -307,8 +308,10 @@ class Trainer:
             step_input.counts["dropped_incomplete"] = self._dropped_incomplete
             self._dropped_incomplete = 0
         stats = None
+        timings["build_s"] = time.monotonic() - started
         if step_input.samples:
             stats = await asyncio.to_thread(self._grpo.update, step_input.samples)
+        timings["update_s"] = time.monotonic() - started - timings["build_s"]
         for problem in step_input.problems[:MAX_PROBLEMS_KEPT]:
             log.warning("left out of step %d: %s", self.step + 1, problem)
         self.assembler.settle(step_input.used)
@@ -317,9 +320,19 @@ class Trainer:
         consumed = {tp: (self.cut.get(tp, 0), end) for tp, end in cut.items()}
         self.step += 1
         state = self._state(cut, consumed, step_input, stats)
+        state["timings"] = timings
+        written = time.monotonic()
         await asyncio.to_thread(self._write_checkpoint, state)
         self.cut = cut
+        published = time.monotonic()
         await self._publish_current()
+        phases = {
+            "update": timings["update_s"],
+            "checkpoint": published - written,
+            "publish": time.monotonic() - published,
+        }
+        for phase, seconds in phases.items():
+            self.metrics.observe(phase, seconds, f"A step's {phase}.")
         if cut:
             await cons.commit({
                 TopicPartition(self.topics.name(t), p): o for (t, p), o in cut.items()
