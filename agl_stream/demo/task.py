@@ -9,6 +9,7 @@ resource it is given (the runner's gateway, in front of `agl-stream serve`).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -34,12 +35,25 @@ def tasks(rng: random.Random, count: int) -> list[dict[str, Any]]:
     return [{"letter": rng.choice(LETTERS)} for _ in range(count)]
 
 
+_shared: tuple[asyncio.AbstractEventLoop, openai.AsyncOpenAI] | None = None
+
+
+def _client(endpoint: str) -> openai.AsyncOpenAI:
+    """One client per process (per event loop), pointed at each attempt's endpoint: a new
+    AsyncOpenAI costs ~30 ms of CPU (it loads the TLS certificates, even for plain http),
+    which blocked the runner's loop for every rollout."""
+    global _shared
+    loop = asyncio.get_running_loop()
+    if _shared is None or _shared[0] is not loop:
+        _shared = (loop, openai.AsyncOpenAI(api_key="unused", base_url=endpoint))
+    return _shared[1].with_options(base_url=endpoint)
+
+
 async def echo_letter(task: dict[str, Any], llm: LLM) -> float:
-    async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="unused") as client:
-        answer = await client.completions.create(
-            model=llm.model, prompt=f"<bos> {task['letter']}", max_tokens=ANSWER_WORDS,
-            temperature=1.0,
-        )  # fmt: skip
+    answer = await _client(llm.endpoint).completions.create(
+        model=llm.model, prompt=f"<bos> {task['letter']}", max_tokens=ANSWER_WORDS,
+        temperature=1.0,
+    )  # fmt: skip
     return score(task["letter"], answer.choices[0].text)
 
 
