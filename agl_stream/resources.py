@@ -80,11 +80,16 @@ class ResourceCache:
                 return None
         return self.versions[resources_id]
 
-    async def changed(self) -> None:
-        """Return when the next version is applied."""
+    def next_change(self) -> asyncio.Event:
+        """Set when the next version is applied (taken now, so no change in between is
+        missed by a waiter that starts later)."""
         if self._changed is None:
             self._changed = asyncio.Event()
-        await self._changed.wait()
+        return self._changed
+
+    async def changed(self) -> None:
+        """Return when the next version is applied."""
+        await self.next_change().wait()
 
     @property
     def top_version(self) -> int:

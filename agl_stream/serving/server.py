@@ -47,6 +47,7 @@ class PolicyServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self._moved = asyncio.Event()  # set (and replaced) by every load and refusal
 
     @property
     def resources_id(self) -> str | None:
@@ -62,6 +63,11 @@ class PolicyServer:
             self.batcher.swap(loaded)
             self.reloads += 1
         log.info("serving %s", loaded.resources_id)
+        self._wake()
+
+    def _wake(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
 
     async def follow(self, cache: ResourceCache, resource: str, pin: str | None) -> None:
         """Keep serving the pinned version's `resource` checkpoint, or the latest version's (a
@@ -86,6 +92,7 @@ class PolicyServer:
             except (ValueError, OSError) as exc:
                 self.refused.add(version.resources_id)
                 log.error("cannot load %s: %s", version.resources_id, exc)
+                self._wake()
 
     async def _catch_up(self, wanted: str | None) -> None:
         """A caller that ran on a version newer than the one served (the gateway says which
@@ -95,9 +102,15 @@ class PolicyServer:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_seconds
-        # Two things move the condition (the resources fold and the reload): poll both.
-        while loop.time() < deadline and self._behind(wanted):  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
+        # Two things move the condition (the resources fold and a load): woken by either.
+        while self._behind(wanted) and (remaining := deadline - loop.time()) > 0:
+            waits = [asyncio.ensure_future(self.cache.next_change().wait()),
+                     asyncio.ensure_future(self._moved.wait())]  # fmt: skip
+            try:
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
 
     def _behind(self, wanted: str) -> bool:
         assert self.cache is not None

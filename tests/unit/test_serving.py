@@ -3,16 +3,23 @@ deltas that join to the whole text, and batched generation equal to one at a tim
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agl_stream.events import Checkpoint, ResourcesPublished
+from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import CallKind
+from agl_stream.resources import ResourceCache
 from agl_stream.serving.api import Detokenizer, InvalidRequest, read_generation, render_prompt
 from agl_stream.serving.engine import Job, generate
-from agl_stream.training.model import tiny_chat_policy
+from agl_stream.serving.server import PolicyServer
+from agl_stream.training.model import content_hash, initial_policy, save_policy, tiny_chat_policy
 
 POLICY = tiny_chat_policy(seed=1)
 
@@ -74,3 +81,41 @@ def test_seeded_sampling_repeats_and_stops_at_its_limit() -> None:
     generate(POLICY.model, [second, Job([9], 3, 1.0, None, lambda t, lp: None)], 0, None)
     assert first.token_ids == second.token_ids and len(first.token_ids) == 8
     assert first.finish_reason == "length"
+
+
+async def test_a_call_on_a_newer_version_waits_for_its_load_and_is_answered_by_it(
+    tmp_path: Path,
+) -> None:
+    """On-policy: an attempt that ran on version v2 calls before the server has v2; the call
+    waits until v2 is folded and loaded, and v2 answers."""
+    cache = ResourceCache()
+
+    def version(n: int) -> ResourcesPublished:
+        directory = tmp_path / f"v{n}"
+        save_policy(initial_policy("tiny", seed=n), directory)
+        checkpoint = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+        return ResourcesPublished(resources_id=f"v{n}", version=n, resources={"policy": checkpoint})
+
+    server = PolicyServer()
+    following = asyncio.create_task(server.follow(cache, "policy", None))
+    url = await server.start("127.0.0.1", 0)
+    try:
+        cache.apply(version(1))
+        while server.resources_id != "v1":  # the first load (the server's own wake-up)
+            await asyncio.wait_for(server._moved.wait(), 30)
+        newer = version(2)
+        body = {"model": "policy", "prompt": "<bos> a", "max_tokens": 2}
+        async with aiohttp.ClientSession() as session:
+            call = asyncio.create_task(
+                session.post(f"{url}/v1/completions", json=body, headers={RESOURCES_HEADER: "v2"})
+            )
+            await asyncio.sleep(0.3)
+            assert not call.done()  # waiting for v2, not answered by v1
+            cache.apply(newer)
+            async with await asyncio.wait_for(call, 5) as response:
+                answer = await response.json()
+        assert answer["system_fingerprint"] == "v2"
+        assert server.reloads == 1
+    finally:
+        following.cancel()
+        await server.stop()
