@@ -23,8 +23,9 @@ import contextlib
 import logging
 import random
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -37,8 +38,12 @@ from agl_stream.kafka import consumer, started
 from agl_stream.streams import EVENT_TYPE_HEADER, EventStream, Topics, read_partition_from
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PUBLISH_SECONDS = 60.0
+# One broker round of a publish (the producer's start, a send, the commit). aiokafka waits
+# for a transaction coordinator without end; past this the try counts as failed.
+ROUND_SECONDS = 15.0
 
 
 class ResourcesConflict(ValueError):
@@ -47,6 +52,30 @@ class ResourcesConflict(ValueError):
 
 class ResourcesPublishError(RuntimeError):
     """A version that could not be published (the broker kept refusing)."""
+
+
+class _Stuck(KafkaError):  # type: ignore[misc]
+    """A round of a publish that did not finish in time (tried again like a broker error)."""
+
+
+async def _within(awaitable: Awaitable[T], what: str) -> T:
+    """`awaitable`'s result, or _Stuck after ROUND_SECONDS. A coroutine is stopped then; a
+    future of aiokafka's is left to it (its producer is dropped, which fails it)."""
+    waited = asyncio.ensure_future(awaitable)
+    ours = waited is not awaitable
+    try:
+        done, _ = await asyncio.wait({waited}, timeout=ROUND_SECONDS)
+    except asyncio.CancelledError:
+        if ours:
+            waited.cancel()
+        raise
+    if not done:
+        if ours:
+            waited.cancel()
+        # Whatever it ends with later is retrieved here, not reported as never retrieved.
+        waited.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise _Stuck(f"{what} did not finish within {ROUND_SECONDS:.0f} s")
+    return waited.result()
 
 
 @dataclass
@@ -262,8 +291,9 @@ class ResourcesPublisher:
                 acks="all", enable_idempotence=True,
                 transactional_id=f"{self.tp.topic}.publisher", **self.kafka.client_options(),
             )  # fmt: skip
-            await started(self._producer)  # fences the lane's previous holder
-        await self._catch_up()
+            # Its start fences the lane's previous holder.
+            await _within(started(self._producer), "starting the publishing producer")
+        await _within(self._catch_up(), "reading the resources topic")
         existing = already_published(self.cache, change)
         if existing is not None:
             return existing
@@ -271,12 +301,15 @@ class ResourcesPublisher:
         value = self._codec.encode(event)
         await self._producer.begin_transaction()
         try:
-            sent = await self._producer.send(
-                self.tp.topic, value, key=event.key.encode(), partition=0,
-                headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
+            sent = await _within(
+                self._producer.send(
+                    self.tp.topic, value, key=event.key.encode(), partition=0,
+                    headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
+                ),
+                "queueing the version",
             )  # fmt: skip
-            meta = await sent
-            await self._producer.commit_transaction()
+            meta = await _within(sent, "sending the version")
+            await _within(self._producer.commit_transaction(), "committing the version")
         except BaseException:
             # Whatever became of the transaction, the next try starts from a new producer
             # (whose start aborts it, or finds it committed when it reads to the end).
@@ -312,7 +345,7 @@ class ResourcesPublisher:
     async def _drop_reader(self) -> None:
         self._reader = None
         try:
-            await self._reader_stack.aclose()
+            await asyncio.wait_for(self._reader_stack.aclose(), ROUND_SECONDS)
         except Exception as exc:  # noqa: BLE001 - a consumer of a failed broker may fail to stop
             log.debug("stopping the resources publisher's reader: %r", exc)
         self._reader_stack = contextlib.AsyncExitStack()
@@ -321,7 +354,7 @@ class ResourcesPublisher:
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
-                await producer.stop()
+                await asyncio.wait_for(producer.stop(), ROUND_SECONDS)
             except Exception as exc:  # noqa: BLE001 - a fenced producer may fail to stop; it is gone either way
                 log.debug("stopping the resources publisher: %r", exc)
 
