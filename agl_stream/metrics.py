@@ -125,6 +125,12 @@ class WorkerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    async def respond(self, _: web.Request) -> web.Response:
+        """GET /metrics (on a worker's own endpoint, or a server's app)."""
+        response = web.Response(body=self.render())
+        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        return response
+
 
 @contextlib.asynccontextmanager
 async def serving_metrics(
@@ -136,13 +142,8 @@ async def serving_metrics(
         yield None
         return
 
-    async def scrape(_: web.Request) -> web.Response:
-        response = web.Response(body=metrics.render())
-        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-        return response
-
     app = web.Application()
-    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/metrics", metrics.respond)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -42,6 +42,7 @@ from agl_stream.gateway.wire import (
     prepare_request,
     read_chunk,
 )
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.runner.lane import MAX_RECORD_BYTES
 from agl_stream.streams import EventPublisher
 from agl_stream.supervision import restarting
@@ -74,6 +75,7 @@ class Gateway:
         self.log = CallLog()
         self.url = ""
         self.counts: dict[str, int] = {"calls": 0, "failed": 0, "unattributed": 0}
+        self.metrics = WorkerMetrics("gateway", lambda: dict(self.counts))
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -113,6 +115,7 @@ class Gateway:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         Tracing.install()
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -359,9 +362,17 @@ class _Recorded:
         resources_id = served_by or (route.resources_id if route is not None else None)
         call: LLMCall = self.record.call(resources_id, extra)
         recorder = route.recorder if route is not None else self.gateway.log
-        self.gateway.counts["calls"] += 1
-        self.gateway.counts["failed"] += error is not None
-        self.gateway.counts["unattributed"] += recorder.rollout_id == UNATTRIBUTED
+        counts = self.gateway.counts
+        counts["calls"] += 1
+        counts["failed"] += error is not None
+        counts["unattributed"] += recorder.rollout_id == UNATTRIBUTED
+        counts["prompt_tokens"] = counts.get("prompt_tokens", 0) + len(call.prompt_token_ids or ())
+        counts["response_tokens"] = counts.get("response_tokens", 0) + len(
+            call.response_token_ids or ()
+        )
+        self.gateway.metrics.observe(
+            "call", time.monotonic() - self.clock, "A call through the gateway, upstream included."
+        )
         token = current_recorder.set(recorder)
         try:
             parent = route.parent if route is not None else None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -15,6 +17,7 @@ from aiohttp import web
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.resources import ResourceCache
 from agl_stream.serving.api import (
     Answered,
@@ -48,6 +51,11 @@ class PolicyServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
         self._moved = asyncio.Event()  # set (and replaced) by every load and refusal
+        self.counts: Counter[str] = Counter()
+        self.metrics = WorkerMetrics("policy_server", lambda: {
+            **self.counts, "reloads": self.reloads, "refused": len(self.refused),
+            "batches": self.batcher.batches if self.batcher else 0,
+        })  # fmt: skip
 
     @property
     def resources_id(self) -> str | None:
@@ -87,8 +95,13 @@ class PolicyServer:
                 await cache.changed()
                 continue
             try:
+                began = time.monotonic()
                 llm = await asyncio.to_thread(local_llm, checkpoint)
                 self.load(Loaded(llm.policy, version.resources_id))
+                self.metrics.observe(
+                    "reload", time.monotonic() - began, "Loading a published checkpoint."
+                )
+                self.metrics.set("version", version.version, "The resources version served.")
             except (ValueError, OSError) as exc:
                 self.refused.add(version.resources_id)
                 log.error("cannot load %s: %s", version.resources_id, exc)
@@ -100,8 +113,12 @@ class PolicyServer:
         Older versions are answered by the current one; the answer says which."""
         if wanted is None or self.cache is None:
             return
+        if not self._behind(wanted):
+            return
+        self.counts["catch_up_waits"] += 1
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.catch_up_seconds
+        began = loop.time()
+        deadline = began + self.catch_up_seconds
         # Two things move the condition (the resources fold and a load): woken by either.
         while self._behind(wanted) and (remaining := deadline - loop.time()) > 0:
             waits = [asyncio.ensure_future(self.cache.next_change().wait()),
@@ -111,6 +128,9 @@ class PolicyServer:
             finally:
                 for waiting in waits:
                     waiting.cancel()
+        self.metrics.observe(
+            "catch_up", loop.time() - began, "A call's wait for a newer version to load."
+        )
 
     def _behind(self, wanted: str) -> bool:
         assert self.cache is not None
@@ -130,6 +150,7 @@ class PolicyServer:
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self.metrics.respond)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
@@ -180,6 +201,7 @@ class PolicyServer:
             return await self._stream(request, generation, prompt_ids)
         job = _job(generation, prompt_ids, lambda token, logprob: None)
         resources_id = await self.batcher.submit(job)
+        self._count(job)
         answered = _answered(tokenizer, generation, job, resources_id)
         body = response_body(new_id(kind), self.model_name, answered, kind)
         return web.json_response(body, headers={RESOURCES_HEADER: resources_id})
@@ -222,6 +244,7 @@ class PolicyServer:
         if failure is not None:
             await response.write(b"data: " + error_body(f"generation failed: {failure}") + b"\n\n")
             return response
+        self._count(job)
         final = chunk_body(
             call_id, self.model_name, kind, job.resources_id, detokenizer.finish(),
             finish_reason=job.finish_reason,
@@ -230,6 +253,11 @@ class PolicyServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def _count(self, job: Job) -> None:
+        self.counts["requests"] += 1
+        self.counts["prompt_tokens"] += len(job.prompt_ids)
+        self.counts["generated_tokens"] += len(job.token_ids)
 
 
 async def _event_stream(request: web.Request, resources_id: str) -> web.StreamResponse:

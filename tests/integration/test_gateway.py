@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from agl_stream.agent.llm import (
     COMPLETION,
@@ -79,10 +80,23 @@ async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaS
     }
     ids = await queue(kafka, [task] * 3)
     try:
-        async with runner_in_process(kafka, "tests.openai_agents:chat", concurrency=3):
+        async with runner_in_process(kafka, "tests.openai_agents:chat", concurrency=3) as runner:
             h = await wait_terminal(kafka, ids, 90)
+            assert runner.gateway is not None
+            gateway = await scraped(runner.gateway.url)
+            policy_server = await scraped(url)
     finally:
         await server.stop()
+    # The gateway's and the policy server's /metrics count the 15 calls and their tokens.
+    assert gateway["agl_stream_gateway_calls_total"] == 15
+    assert gateway["agl_stream_gateway_call_seconds_count"] == 15
+    assert gateway["agl_stream_gateway_failed_total"] == 0
+    assert policy_server["agl_stream_policy_server_requests_total"] == 15
+    assert (
+        gateway["agl_stream_gateway_response_tokens_total"]
+        == policy_server["agl_stream_policy_server_generated_tokens_total"]
+        > 0
+    )
     for rollout_id in ids:
         (finished,) = h.finished[rollout_id]
         assert finished.status is AttemptStatus.SUCCEEDED, finished.error
@@ -109,6 +123,16 @@ async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaS
         streamed = [c for c in calls if c.attributes.get("agl.gateway.stream_chunks")]
         assert len(streamed) == 2
         assert json.loads(str(calls[-1].attributes[PROMPT_JSON])) == {"text": task["system"]}
+
+
+async def scraped(base_url: str) -> dict[str, float]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{base_url}/metrics") as response,
+    ):
+        assert response.status == 200
+        text = await response.text()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 @asynccontextmanager

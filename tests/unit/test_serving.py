@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from agl_stream.events import Checkpoint, ResourcesPublished
 from agl_stream.gateway.routes import RESOURCES_HEADER
@@ -114,8 +115,21 @@ async def test_a_call_on_a_newer_version_waits_for_its_load_and_is_answered_by_i
             cache.apply(newer)
             async with await asyncio.wait_for(call, 5) as response:
                 answer = await response.json()
+            async with session.get(f"{url}/metrics") as response:
+                metrics = {
+                    s.name: s.value
+                    for f in text_string_to_metric_families(await response.text())
+                    for s in f.samples
+                }
         assert answer["system_fingerprint"] == "v2"
         assert server.reloads == 1
+        # Its /metrics: the call, its tokens, both loads, the wait, the version served.
+        assert metrics["agl_stream_policy_server_requests_total"] == 1
+        assert metrics["agl_stream_policy_server_generated_tokens_total"] in (1, 2)  # max 2
+        assert metrics["agl_stream_policy_server_reload_seconds_count"] == 2
+        assert metrics["agl_stream_policy_server_catch_up_waits_total"] == 1
+        assert metrics["agl_stream_policy_server_catch_up_seconds_sum"] >= 0.3
+        assert metrics["agl_stream_policy_server_version"] == 2
     finally:
         following.cancel()
         await server.stop()
