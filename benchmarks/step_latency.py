@@ -17,7 +17,11 @@ version n-1 on the resources topic to version n:
   publish       update done -> version n on the topic (checkpoint write, hash, publish)
 
 Record timestamps are the producers' (CreateTime); the first cycle (the trainer's start) is
-left out. Figures: the median and the slowest of each phase, and its share of the median step.
+left out. Figures: the median and the slowest of each phase, and its share of the median step;
+the mean reward of the first and last tenth of the steps, and the seconds from the trainer's
+first version to the first step with a mean reward of 0.9. With --max-staleness 1 (overlap)
+the tasks of step n are queued with version n-2, so "enqueue" is negative and the phases
+overlap; the step and the time to 0.9 are what compare.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import statistics
 import tempfile
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -66,19 +71,26 @@ async def timestamped(kafka: KafkaSettings, names: list[str]) -> list[tuple[floa
     return out
 
 
+def version_times(records: list[tuple[float, Any]], run_name: str) -> dict[int, float]:
+    """When each step's version of the run reached the resources topic."""
+    out: dict[int, float] = {}
+    for at, event in records:
+        if isinstance(event, ResourcesPublished) and event.resources_id.startswith(f"{run_name}-v"):
+            out.setdefault(int(event.metadata.get("step", "-1")), at)
+    return out
+
+
 def cycles(
     records: list[tuple[float, Any]], states: list[dict[str, Any]], run_name: str
 ) -> list[dict[str, float]]:
     """Each cycle's phases in seconds (pure: from what the topics and checkpoints hold)."""
-    versions: dict[int, float] = {}
+    versions = version_times(records, run_name)
     step_of: dict[str, int] = {}
     queued: dict[int, list[float]] = defaultdict(list)
     started: dict[int, list[float]] = defaultdict(list)
     ended: dict[int, list[float]] = defaultdict(list)
     for at, event in records:
-        if isinstance(event, ResourcesPublished) and event.resources_id.startswith(f"{run_name}-v"):
-            versions.setdefault(int(event.metadata.get("step", "-1")), at)
-        elif isinstance(event, RolloutQueued) and event.attempt_number == 1:
+        if isinstance(event, RolloutQueued) and event.attempt_number == 1:
             group = event.metadata.get("group", "")
             step = int(group.rsplit("-s", 1)[1].split("-g")[0])
             step_of[event.rollout_id] = step
@@ -116,18 +128,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(tempfile.mkdtemp(prefix="agl-bench-step-"))
     config = DemoConfig(
         steps=args.steps, runners=args.runners, concurrency=args.concurrency, out_dir=out_dir,
-        run_name=run, seed=args.seed,
+        run_name=run, seed=args.seed, max_staleness=args.max_staleness,
     )  # fmt: skip
-    points: list[StepPoint] = []
-    await asyncio.to_thread(run_demo, config, kafka, database, points.append)
+    points: list[tuple[float, StepPoint]] = []  # (wall clock, point)
+    began = time.time()
+    await asyncio.to_thread(
+        run_demo, config, kafka, database, lambda p: points.append((time.time(), p))
+    )
+    wall = time.time() - began
     records = await timestamped(kafka, ["resources", "tasks", "rollouts"])
     states = CheckpointStore(str(config.checkpoint_dir)).lineage()
     measured = cycles(records, states, run)
     step = statistics.median(c["step"] for c in measured)
+    rewards = [p.mean_reward for _, p in points]
+    tenth = max(1, len(rewards) // 10)
+    reached = next((at for at, p in points if p.mean_reward >= 0.9), None)
+    first_version = version_times(records, run).get(0, began)
     figures: dict[str, Any] = {
         "steps": args.steps, "runners": args.runners, "concurrency": args.concurrency,
-        "cycles_measured": len(measured), "step_median_s": round(step, 3),
-        "first_reward": points[0].mean_reward, "last_reward": points[-1].mean_reward,
+        "max_staleness": args.max_staleness, "cycles_measured": len(measured),
+        "step_median_s": round(step, 3), "wall_s": round(wall, 1),
+        # From the trainer's first version (its start and the stack's are left out).
+        "seconds_to_reward_0.9": round(reached - first_version, 1) if reached else None,
+        "first_tenth_reward": round(statistics.mean(rewards[:tenth]), 3),
+        "last_tenth_reward": round(statistics.mean(rewards[-tenth:]), 3),
     }  # fmt: skip
     for phase in PHASES:
         values = [c[phase] for c in measured]
@@ -151,6 +175,14 @@ def report(figures: dict[str, Any]) -> None:
                       f"{median / step:.0%}")  # fmt: skip
     table.add_row("step", f"{step:.3f}", "", "")
     console.print(table)
+    console.print(
+        f"mean reward {figures['first_tenth_reward']:.3f} (first tenth of the steps) -> "
+        f"{figures['last_tenth_reward']:.3f} (last tenth); 0.9 reached "
+        + (f"{figures['seconds_to_reward_0.9']} s after the first version"
+           if figures["seconds_to_reward_0.9"] is not None else "never")
+        + f"; {figures['wall_s']} s in all",
+        highlight=False,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -160,4 +192,5 @@ if __name__ == "__main__":
     parser.add_argument("--runners", type=int, default=defaults.runners)
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-staleness", type=int, choices=(0, 1), default=0)
     run_benchmark(parser, main, report)

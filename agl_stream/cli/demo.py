@@ -21,6 +21,14 @@ from agl_stream.config import DatabaseSettings
 @click.option("--runners", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--max-staleness",
+    type=click.IntRange(0, 1),
+    default=0,
+    show_default=True,
+    help="1: queue each step's tasks one version early, so the runners sample while the "
+    "trainer trains (its samples one update old, corrected by their logprobs).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=PathType(file_okay=False, path_type=Path),
@@ -37,6 +45,7 @@ def demo(
     steps: int,
     runners: int,
     seed: int,
+    max_staleness: int,
     out_dir: Path,
     keep_stack: bool,
 ) -> None:
@@ -54,7 +63,9 @@ def demo(
     with console.status("starting the embedded stack..."):
         stack, started_stack = bring_up(app, home)
     kafka, database = app.kafka(), app.database()
-    config = DemoConfig(steps=steps, runners=runners, seed=seed, out_dir=out_dir)
+    config = DemoConfig(
+        steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness
+    )
     console.print(
         f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server; "
         f"{steps} steps of {config.groups_per_step} tasks x {config.group_size} attempts",

@@ -1,6 +1,7 @@
 """The demo's driver: runners, a projector, a trainer and a policy server as separate
 processes on the embedded stack; each time the trainer publishes a policy version, one step
-of tasks pinned to it is enqueued (on-policy GRPO), until the last step. The agent calls the
+of tasks pinned to it is enqueued (on-policy GRPO; with max_staleness 1 the next step's
+tasks too, so sampling overlaps training), until the last step. The agent calls the
 policy through its runner's gateway, which records the token ids the trainer learns from."""
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class DemoConfig:
     out_dir: Path = Path(".agl-stream/demo")
     run_name: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:8]}")
     stall_seconds: float = 300.0  # no step for this long: stop and say so
+    # 0: on-policy, the tasks of step n wait for version n. 1: they are queued with those of
+    # step n-1 (pinned to version n-1), so the runners sample while the trainer trains, and
+    # the trainer takes samples one update old (importance weights from their logprobs).
+    max_staleness: int = 0
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -96,7 +101,8 @@ def workers(
         "trainer": _worker_command(
             "trainer", "--checkpoint-dir", str(config.checkpoint_dir.resolve()),
             "--run-name", config.run_name, "--group-size", str(config.group_size),
-            "--groups-per-step", str(config.groups_per_step), "--max-staleness", "0",
+            "--groups-per-step", str(config.groups_per_step),
+            "--max-staleness", str(config.max_staleness),
             "--learning-rate", str(config.learning_rate), "--seed", str(config.seed),
             "--start", "latest", "--heartbeat", "2",
         ),
@@ -176,9 +182,12 @@ async def drive(
                     points.append(point)
                     on_step(point)
                     progressed = loop.time()
-                if step < config.steps and step not in enqueued:
-                    enqueued.add(step)
-                    await _enqueue_step(kafka, config, rng, step, event.resources_id)
+                # With overlap, version n also gets the tasks of step n + 1 (it is the
+                # newest version when they are queued; they train one update later).
+                for ahead in range(step, step + 1 + config.max_staleness):
+                    if ahead < config.steps and ahead not in enqueued:
+                        enqueued.add(ahead)
+                        await _enqueue_step(kafka, config, rng, ahead, event.resources_id)
     return points
 
 

@@ -20,8 +20,12 @@ from tests.integration.runs import queue, runner_in_process
 pytestmark = pytest.mark.slow
 
 
-def test_the_demo_learns(kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path) -> None:
-    config = DemoConfig(steps=12, runners=1, out_dir=tmp_path)
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["on-policy", "overlapped"])
+def test_the_demo_learns(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path, max_staleness: int
+) -> None:
+    """On-policy, and with sampling overlapping training (samples one update old)."""
+    config = DemoConfig(steps=12, runners=1, out_dir=tmp_path, max_staleness=max_staleness)
     seen: list[StepPoint] = []
     points = run_demo(config, kafka, database, seen.append)
     assert [p.step for p in points] == list(range(1, 13)) and seen == points
@@ -32,6 +36,7 @@ def test_the_demo_learns(kafka: KafkaSettings, database: DatabaseSettings, tmp_p
     assert lineage_problems(states) == []
     # Learned from what the gateway recorded: every call came with its token ids.
     assert all(s["counts"].get("calls_without_token_ids", 0) == 0 for s in states)
+    assert all(s["counts"].get("dropped_stale", 0) == 0 for s in states)
     png = plot_rewards(points, tmp_path / "curve.png", config)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
