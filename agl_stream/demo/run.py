@@ -151,7 +151,8 @@ async def drive(
     points: list[StepPoint] = []
     enqueued: set[int] = set()
     ends = await end_offsets(kafka, tps)
-    async with consumer(kafka) as follower:
+    async with consumer(kafka) as follower, producer(kafka, linger_ms=5) as prod:
+        publisher = EventPublisher(prod, topics)
         follower.assign(tps)
         for tp in tps:
             follower.seek(tp, ends[tp])
@@ -187,28 +188,30 @@ async def drive(
                 for ahead in range(step, step + 1 + config.max_staleness):
                     if ahead < config.steps and ahead not in enqueued:
                         enqueued.add(ahead)
-                        await _enqueue_step(kafka, config, rng, ahead, event.resources_id)
+                        await _enqueue_step(publisher, config, rng, ahead, event.resources_id)
     return points
 
 
 async def _enqueue_step(
-    kafka: KafkaSettings, config: DemoConfig, rng: random.Random, step: int, resources_id: str
+    publisher: EventPublisher,
+    config: DemoConfig,
+    rng: random.Random,
+    step: int,
+    resources_id: str,
 ) -> None:
     """groups_per_step tasks, each queued group_size times: one GRPO group per task."""
-    async with producer(kafka, linger_ms=5) as prod:
-        publisher = EventPublisher(prod, Topics(kafka))
-        sent = []
-        for group, task in enumerate(tasks(rng, config.groups_per_step)):
-            options = RolloutOptions(
-                mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=60.0,
-                # A failed attempt (the policy server busy past the timeout, say) is run
-                # again: a rollout lost for good would leave its GRPO group short forever.
-                max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
-                metadata={"group": f"{config.run_name}-s{step}-g{group}"},
-            )  # fmt: skip
-            for _ in range(config.group_size):
-                sent.append(await publisher.send("tasks", make_rollout(task, options)))
-        await asyncio.gather(*sent)
+    sent = []
+    for group, task in enumerate(tasks(rng, config.groups_per_step)):
+        options = RolloutOptions(
+            mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=60.0,
+            # A failed attempt (the policy server busy past the timeout, say) is run
+            # again: a rollout lost for good would leave its GRPO group short forever.
+            max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
+            metadata={"group": f"{config.run_name}-s{step}-g{group}"},
+        )  # fmt: skip
+        for _ in range(config.group_size):
+            sent.append(await publisher.send("tasks", make_rollout(task, options)))
+    await asyncio.gather(*sent)
 
 
 def run_demo(
