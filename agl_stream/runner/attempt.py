@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.structs import RecordMetadata
@@ -36,6 +36,9 @@ class Outcome:
     reward: float | None
     span_count: int
     cancelled: bool = False  # stopped by a RolloutCancelled
+    # The spans' sends, not waited for: the lane commits them no later than the attempt's
+    # end queued after them (one transaction less per attempt); wait on them after that.
+    spans_sent: list[asyncio.Future[RecordMetadata]] = field(default_factory=list)
 
 
 @dataclass
@@ -112,9 +115,7 @@ async def execute(
             await gateway.close_attempt(task.rollout_id, rollout.attempt_id)
     span_count = recorder.close()
     await pump()
-    if sent:
-        await asyncio.gather(*sent)
-    return Outcome(status, error, recorder.reward, span_count, cancelled)
+    return Outcome(status, error, recorder.reward, span_count, cancelled, sent)
 
 
 async def _supervise(

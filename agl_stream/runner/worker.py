@@ -483,6 +483,8 @@ class Runner:
             )
         else:
             await self._apply_decision(claim, task, attempt_id, outcome, finished)
+        # Committed with the end or before it (the lane keeps order): done by now.
+        await asyncio.gather(*outcome.spans_sent)
 
     async def _apply_decision(
         self, claim: Claim, task: RolloutQueued, attempt_id: str, outcome: Outcome,
