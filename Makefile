@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install up down status demo test unit integration chaos soak bench lint clean
+.PHONY: install up down status demo test unit integration chaos soak bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -54,6 +54,10 @@ soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts 
 
 bench: $(STAMP)  ## regenerate benchmarks/README.md (every benchmark, ~20 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report
+
+trl-baseline: $(STAMP)  ## the demo's task trained by TRL's GRPOTrainer, the baseline (installs .[bench])
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.trl_baseline --json-out benchmarks/trl_baseline.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check agl_stream tests workers benchmarks
