@@ -19,13 +19,21 @@ lag of each group, the slowest takeover the runners report, rollouts terminal so
 At the end, through the read model: rollouts not terminal (lost), rollouts with two
 succeeded attempts (run twice), the longest time without progress while work was queued
 (a hang), and per process the RSS drift after warm-up (the median of the last tenth of its
-samples against the median of the samples from a quarter to a third of its life).
+samples against the median of the samples from the end of its warm-up to a third of its life;
+warm-up ends a quarter into the life, or later if RSS has not yet come within 10% of the
+median of the life's second half: a slow start is not counted as growth, a leak still is).
+
+    .venv/bin/python -m benchmarks.soak --from-json benchmarks/soak.json
+
+prints a saved run's figures again, its drifts measured again from its samples (each
+process's life cut where its RSS falls to a fresh process's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -195,13 +203,37 @@ async def takeover_ms(conn: asyncpg.Connection) -> int:
 
 
 def drift(series: list[float]) -> float | None:
-    """RSS at the end of a life against after warm-up (None: too few samples)."""
+    """RSS at the end of a life against right after warm-up (None: too few samples)."""
     if len(series) < 10:
         return None
     n = len(series)
-    warm = statistics.median(series[n // 4 : max(n // 3, n // 4 + 1)])
+    settled = 0.9 * statistics.median(series[n // 2 :])
+    warm_at = max(n // 4, next(i for i, v in enumerate(series) if v >= settled))
+    warm = statistics.median(series[warm_at : max(n // 3, warm_at + 1)])
     end = statistics.median(series[-max(n // 10, 1) :])
     return round((end - warm) / warm, 4)
+
+
+def lives(samples: list[dict[str, Any]], key: str) -> list[list[float]]:
+    """One process role's RSS samples cut into lives: a restart shows as RSS falling below
+    half of the sample before (a fresh process)."""
+    out: list[list[float]] = []
+    for value in (s[key] for s in samples if s.get(key) is not None):
+        if not out or value < out[-1][-1] / 2:
+            out.append([])
+        out[-1].append(value)
+    return out
+
+
+def drifts_from_samples(samples: list[dict[str, Any]]) -> dict[str, float]:
+    roles = sorted({k for s in samples for k in s if k.endswith("_rss_mb")} - {"broker_rss_mb"})
+    out = {}
+    for key in roles:
+        for i, series in enumerate(lives(samples, key)):
+            value = drift(series)
+            if value is not None:
+                out[f"{key.removesuffix('_rss_mb')} (life {i + 1})"] = value
+    return out
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -447,4 +479,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    run_benchmark(parser(), main, report)
+    if len(sys.argv) == 3 and sys.argv[1] == "--from-json":
+        saved = json.loads(Path(sys.argv[2]).read_text())
+        saved["rss_drift"] = drifts_from_samples(saved["samples"])
+        report(saved)
+    else:
+        run_benchmark(parser(), main, report)

@@ -44,7 +44,7 @@ class DemoConfig:
     groups_per_step: int = 8
     group_size: int = 8
     runners: int = 2
-    concurrency: int = 8
+    concurrency: int = 32  # 2 x 32: a step's 64 attempts in one wave (step_latency)
     seed: int = 0
     learning_rate: float = 3e-3
     out_dir: Path = Path(".agl-stream/demo")
@@ -54,6 +54,13 @@ class DemoConfig:
     # step n-1 (pinned to version n-1), so the runners sample while the trainer trains, and
     # the trainer takes samples one update old (importance weights from their logprobs).
     max_staleness: int = 0
+
+    @property
+    def trainer_staleness(self) -> int:
+        """With overlap, a group queued early can be trained one update later still (the
+        trainer takes the oldest full groups): a bound one higher never drops a sample,
+        which would leave its group short for ever."""
+        return self.max_staleness + 1 if self.max_staleness else 0
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -102,7 +109,7 @@ def workers(
             "trainer", "--checkpoint-dir", str(config.checkpoint_dir.resolve()),
             "--run-name", config.run_name, "--group-size", str(config.group_size),
             "--groups-per-step", str(config.groups_per_step),
-            "--max-staleness", str(config.max_staleness),
+            "--max-staleness", str(config.trainer_staleness),
             "--learning-rate", str(config.learning_rate), "--seed", str(config.seed),
             "--start", "latest", "--heartbeat", "2",
         ),
