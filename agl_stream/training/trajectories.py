@@ -76,6 +76,7 @@ class _Rollout:
     counted: str | None = None  # the attempt whose success was handed out: the only one
     low: dict[TopicPartition, int] = field(default_factory=dict)
     high: dict[TopicPartition, int] = field(default_factory=dict)
+    first_seen: int = 0  # the assembler's record count at its first record
 
     @property
     def train(self) -> bool | None:
@@ -121,7 +122,9 @@ class Assembler:
         if attempt_id is not None and (rollout_id, attempt_id) in self.settled_attempts:
             _seen(self.settled_attempts[(rollout_id, attempt_id)], tp, offset)
             return
-        rollout = self.pending.setdefault(rollout_id, _Rollout())
+        rollout = self.pending.get(rollout_id)
+        if rollout is None:
+            rollout = self.pending[rollout_id] = _Rollout(first_seen=self._records)
         rollout.low[tp] = min(rollout.low.get(tp, offset), offset)
         _seen(rollout.high, tp, offset)
         if attempt_id is not None:
@@ -168,6 +171,10 @@ class Assembler:
         for rollout_id, rollout in list(self.pending.items()):
             if rollout.finished_at is not None:
                 self._check(rollout_id, rollout)  # gives up on what waited past its patience
+            elif (
+                rollout.train is None and self._records - rollout.first_seen > self.patience_records
+            ):
+                self._orphaned(rollout_id, rollout)
         cut = dict(positions)
         for rollout in self.pending.values():
             for tp, low in rollout.low.items():
@@ -263,6 +270,15 @@ class Assembler:
                 # Started, never finished: its runner died and the rollout went on without it.
                 self._settle_attempt(rollout_id, attempt_id, attempt, "attempts_abandoned")
         self._retire(rollout_id, rollout, "rollouts_finished")
+
+    def _orphaned(self, rollout_id: str, rollout: _Rollout) -> None:
+        """Records of a rollout that neither was queued nor ended where this assembler read
+        (spans a cut-off runner committed after another had finished the rollout, which was
+        forgotten since): given up after the patience, so they never hold the cut back."""
+        for attempt_id, attempt in rollout.attempts.items():
+            if not attempt.settled:
+                self._settle_attempt(rollout_id, attempt_id, attempt, "attempts_orphaned")
+        self._retire(rollout_id, rollout, "rollouts_orphaned")
 
     def _retire(self, rollout_id: str, rollout: _Rollout, why: str) -> None:
         self.settled_rollouts[rollout_id] = dict(rollout.high)

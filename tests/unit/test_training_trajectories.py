@@ -165,6 +165,30 @@ def test_a_finished_rollout_missing_a_span_is_given_up_after_patience() -> None:
     assert assembler.counts["attempts_incomplete"] == 1
 
 
+def test_late_spans_of_a_forgotten_rollout_do_not_hold_the_cut_for_ever() -> None:
+    """A runner cut off from the broker commits an attempt's spans after another runner
+    finished the rollout and the assembler forgot it (pruned below the cut): those spans
+    alone make a rollout that is never queued nor ended, which held the cut for ever (and
+    with it the pruning of all that was settled above it). The hour's soak saw a trainer's
+    cut stop on three spans partitions only, and its memory of settled rollouts grow from
+    2,600 to 52,000: this is the one way found for that to happen."""
+    assembler = Assembler(patience_records=3)
+    assert len(run_all(assembler, one_call_attempt("r1"))) == 1  # trained on
+    everything = {("tasks", 0): 100, ("rollouts", 0): 100, ("spans", 0): 100}
+    assembler.prune(assembler.cut(everything))
+    assert "r1" not in assembler.settled_rollouts  # forgotten
+    late = [e for (topic, _), e in one_call_attempt("r1", attempt_id="zombie") if topic == "spans"]
+    for offset, event in enumerate(late, start=100):
+        assembler.add(("spans", 0), offset, event)
+    assert assembler.cut({("spans", 0): 200})[("spans", 0)] == 100  # held, for now
+    for i in range(2):
+        run_all(assembler, one_call_attempt(f"other{i}"))
+    assert assembler.cut({("spans", 0): 200}) == {("spans", 0): 200}  # let go
+    assert assembler.counts["rollouts_orphaned"] == 1
+    assert assembler.counts["attempts_orphaned"] == 1
+    assert assembler.complete() == []  # never trained on
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), stop=st.floats(0, 1), train_every=st.integers(1, 5))
 def test_resuming_from_the_cut_neither_repeats_nor_loses(
