@@ -20,13 +20,13 @@ At the end, through the read model: rollouts not terminal (lost), rollouts with 
 succeeded attempts (run twice), the longest time without progress while work was queued
 (a hang), and per process the RSS drift after warm-up (the median of the last tenth of its
 samples against the median of the samples from the end of its warm-up to a third of its life;
-warm-up ends a quarter into the life, or later if RSS has not yet come within 10% of the
+warm-up ends a quarter into the life, or later if RSS has not yet come within 3% of the
 median of the life's second half: a slow start is not counted as growth, a leak still is).
 
     .venv/bin/python -m benchmarks.soak --from-json benchmarks/soak.json
 
 prints a saved run's figures again, its drifts measured again from its samples (each
-process's life cut where its RSS falls to a fresh process's).
+process's life cut where its RSS falls by more than a tenth: a restart).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def drift(series: list[float]) -> float | None:
     if len(series) < 10:
         return None
     n = len(series)
-    settled = 0.9 * statistics.median(series[n // 2 :])
+    settled = 0.97 * statistics.median(series[n // 2 :])
     warm_at = max(n // 4, next(i for i, v in enumerate(series) if v >= settled))
     warm = statistics.median(series[warm_at : max(n // 3, warm_at + 1)])
     end = statistics.median(series[-max(n // 10, 1) :])
@@ -215,11 +215,12 @@ def drift(series: list[float]) -> float | None:
 
 
 def lives(samples: list[dict[str, Any]], key: str) -> list[list[float]]:
-    """One process role's RSS samples cut into lives: a restart shows as RSS falling below
-    half of the sample before (a fresh process)."""
+    """One process role's RSS samples cut into lives: a restart shows as RSS falling by
+    more than a tenth from the sample before (a fresh process; a live one only grows or
+    wavers by a few percent)."""
     out: list[list[float]] = []
     for value in (s[key] for s in samples if s.get(key) is not None):
-        if not out or value < out[-1][-1] / 2:
+        if not out or value < 0.9 * out[-1][-1]:
             out.append([])
         out[-1].append(value)
     return out
