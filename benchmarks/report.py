@@ -55,6 +55,9 @@ BENCHES = [
     Bench("trainer", "Trainer samples/s (GRPO, tiny model, CPU)",
           ["--groups", "64", "--group-size", "8", "--groups-per-step", "4"],
           ["--groups", "8", "--group-size", "4", "--groups-per-step", "2"]),
+    Bench("step_latency", "One training step of the demo, phase by phase",
+          ["--steps", "12"],
+          ["--steps", "4"]),
     Bench("gateway", "LLM gateway overhead",
           ["--calls", "400", "--latency-calls", "200", "--concurrency", "16"],
           ["--calls", "100", "--latency-calls", "50", "--concurrency", "8"]),
@@ -220,6 +223,7 @@ SECTIONS = {
     "pipeline": pipeline_section,
     "takeover": takeover_section,
     "trainer": trainer_section,
+    "step_latency": trainer_section,  # key: value rows
     "gateway": gateway_section,
 }
 
