@@ -717,10 +717,13 @@ class Runner:
 
     def _partition_lag(self) -> dict[tuple[str, int], int]:
         """Per owned tasks partition: records from the lowest one not finished to the end."""
-        lag = {}
+        lag: dict[tuple[str, int], int] = {}
+        if self._consumer is None:
+            return lag
+        assigned = self._consumer.assignment()  # highwater() refuses other partitions
         for tp, progress in self.progress.items():
             position = progress.commit_position()
-            end = self._consumer.highwater(tp) if self._consumer is not None else None
+            end = self._consumer.highwater(tp) if tp in assigned else None
             if position is not None and end is not None:
                 lag[(tp.topic, tp.partition)] = max(0, end - position)
         return lag
