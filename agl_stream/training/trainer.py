@@ -327,7 +327,7 @@ class Trainer:
         published = time.monotonic()
         await self._publish_current()
         phases = {
-            "update": timings["update_s"],
+            "update": timings["build_s"] + timings["update_s"],
             "checkpoint": published - written,
             "publish": time.monotonic() - published,
         }
