@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from agl_stream.agent.llm import (
     COMPLETION,
@@ -39,6 +38,7 @@ from benchmarks import stub_upstream
 from tests.integration.helpers import eventually
 from tests.integration.projection import projector_in_process
 from tests.integration.runs import publish_resources, queue, runner_in_process, wait_terminal
+from tests.scrape import scrape, unlabelled
 
 CALL = "agl.llm.call"
 
@@ -126,13 +126,7 @@ async def test_plain_openai_agent_is_recorded_with_exact_token_ids(kafka: KafkaS
 
 
 async def scraped(base_url: str) -> dict[str, float]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{base_url}/metrics") as response,
-    ):
-        assert response.status == 200
-        text = await response.text()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return unlabelled(await scrape(f"{base_url}/metrics"))
 
 
 @asynccontextmanager

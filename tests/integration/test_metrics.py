@@ -10,32 +10,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
 from agl_stream.events import RolloutMode
 from tests.integration.helpers import eventually
 from tests.integration.runs import queue, wait_terminal
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+from tests.scrape import Samples, value
+from tests.scrape import scrape as scrape_url
 
 
 async def scrape(port: int) -> Samples:
-    url = f"http://127.0.0.1:{port}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        assert response.status == 200
-        assert response.content_type == "text/plain"
-        text = await response.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    return await scrape_url(f"http://127.0.0.1:{port}/metrics")
 
 
 @asynccontextmanager

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from agl_stream.metrics import WorkerMetrics, families
+from tests.scrape import parse
 
 
 def test_counts_become_labelled_counters_gauges_and_counters() -> None:
@@ -38,11 +37,7 @@ def test_the_exposition_reads_counts_when_scraped_and_holds_histograms() -> None
     metrics.observe("step", 0.3, "A step.")
     metrics.set("mean_reward", 0.5, "The reward.")
     counts["steps"] = 2  # read when scraped, not when registered
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(metrics.render().decode())
-        for s in f.samples
-    }
+    samples = parse(metrics.render().decode())
     assert samples[("agl_stream_trainer_steps_total", ())] == 2
     assert samples[("agl_stream_trainer_step_seconds_count", ())] == 1
     assert samples[("agl_stream_trainer_step_seconds_bucket", (("le", "0.5"),))] == 1

@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from agl_stream.events import Checkpoint, ResourcesPublished
 from agl_stream.gateway.routes import RESOURCES_HEADER
@@ -21,6 +20,7 @@ from agl_stream.serving.api import Detokenizer, InvalidRequest, read_generation,
 from agl_stream.serving.engine import Job, generate
 from agl_stream.serving.server import PolicyServer
 from agl_stream.training.model import content_hash, initial_policy, save_policy, tiny_chat_policy
+from tests.scrape import scrape, unlabelled
 
 POLICY = tiny_chat_policy(seed=1)
 
@@ -115,12 +115,7 @@ async def test_a_call_on_a_newer_version_waits_for_its_load_and_is_answered_by_i
             cache.apply(newer)
             async with await asyncio.wait_for(call, 5) as response:
                 answer = await response.json()
-            async with session.get(f"{url}/metrics") as response:
-                metrics = {
-                    s.name: s.value
-                    for f in text_string_to_metric_families(await response.text())
-                    for s in f.samples
-                }
+        metrics = unlabelled(await scrape(f"{url}/metrics"))
         assert answer["system_fingerprint"] == "v2"
         assert server.reloads == 1
         # Its /metrics: the call, its tokens, both loads, the wait, the version served.
