@@ -14,7 +14,8 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.agent.spans import flatten
-from agl_stream.agent.tracing import REWARD_SPAN, tracer
+from agl_stream.agent.tracing import tracer
+from agl_stream.rewards import AGL_REWARD
 
 MESSAGE_SPAN = "agl.message"
 OBJECT_SPAN = "agl.object"
@@ -44,7 +45,7 @@ def emit_reward(value: float | Mapping[str, float], primary: str | None = None) 
     attributes: dict[str, Any] = {"agl.reward": main, "agl.reward.primary": primary}
     attributes.update({f"agl.reward.{k}": v for k, v in dimensions.items() if k != "reward"})
     # The attempt that records this span takes its value as its reward (AttemptRecorder).
-    with tracer().start_as_current_span(REWARD_SPAN, attributes=attributes):
+    with tracer().start_as_current_span(AGL_REWARD, attributes=attributes):
         pass
     return main
 

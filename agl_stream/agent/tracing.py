@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from agl_stream.agent.spans import to_event
 from agl_stream.events import SpanRecorded
+from agl_stream.rewards import span_reward
 
 TRACER_NAME = "agl_stream"
-REWARD_SPAN = "agl.reward"  # emit_reward's span; its attribute of the same name is the reward
 DROP_LOG_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,9 @@ class AttemptRecorder:
                 return False
             self._events.append(to_event(span, self.rollout_id, self.attempt_id, len(self._events)))
             self.last_progress = time.monotonic()
-            if span.name == REWARD_SPAN and span.attributes is not None:
-                value = span.attributes.get(REWARD_SPAN)
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    self.reward = float(value)
+            value = span_reward(span.name, span.attributes)
+            if value is not None:
+                self.reward = value
             return True
 
     def touch(self) -> None:

@@ -28,12 +28,12 @@ from agl_stream.events import (
     RolloutQueued,
     SpanRecorded,
 )
+from agl_stream.rewards import span_reward
 
 # The co-partitioned topics a trajectory is assembled from.
 TRAINED_TOPICS = ("tasks", "rollouts", "spans")
 TopicPartition = tuple[str, int]  # (short topic name, partition)
 AttemptKey = tuple[str, str]  # (rollout id, attempt id)
-REWARD_SPAN = "agl.reward"
 
 
 @dataclass(frozen=True)
@@ -310,9 +310,9 @@ class Assembler:
 
 def _last_reward(spans: tuple[SpanRecorded, ...]) -> float | None:
     for span in reversed(spans):
-        value = span.attributes.get(REWARD_SPAN) if span.name == REWARD_SPAN else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        value = span_reward(span.name, span.attributes)
+        if value is not None:
+            return value
     return None
 
 

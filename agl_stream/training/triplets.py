@@ -4,8 +4,9 @@ Triplets: one (prompt token ids, response token ids, reward) per LLM call, in ca
 The reward of each call is set by a rule:
 
 - `final` (default): every call gets the attempt's final reward (the reward on its
-  AttemptFinished, else its last `agl.reward` span).
-- `per_call`: each `agl.reward` span belongs to the LLM call that ended last before it; a
+  AttemptFinished, else its last reward span: `agl.reward`, or a form Agent Lightning
+  writes, see `agl_stream.rewards`).
+- `per_call`: each reward span belongs to the LLM call that ended last before it; a
   call's reward is the sum of its rewards, 0.0 when it has none. An agent that only emits a
   final reward so rewards its last call alone.
 - `discounted`: the final reward times gamma ** (calls after this one), so later calls, closer
@@ -32,7 +33,8 @@ from agl_stream.agent.llm import (
     RESPONSE_TOKEN_IDS,
 )
 from agl_stream.events import SpanRecorded, StatusCode
-from agl_stream.training.trajectories import REWARD_SPAN, Trajectory
+from agl_stream.rewards import span_reward
+from agl_stream.training.trajectories import Trajectory
 
 
 class RewardRule(StrEnum):
@@ -113,14 +115,14 @@ def _call_rewards(
         return [final * gamma ** (len(calls) - 1 - i) for i in range(len(calls))]
     rewards = [0.0] * len(calls)
     for span in trajectory.spans:
-        value = span.attributes.get(REWARD_SPAN) if span.name == REWARD_SPAN else None
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        value = span_reward(span.name, span.attributes)
+        if value is None:
             continue
         before = [
             i for i, c in enumerate(calls) if c.end_time_unix_nano <= span.start_time_unix_nano
         ]
         if before:
-            rewards[before[-1]] += float(value)
+            rewards[before[-1]] += value
     return rewards
 
 
@@ -134,7 +136,7 @@ def build_triplets(
         adapted.problems.append(Problem(rid, aid, None, "no LLM call spans"))
         return adapted
     if trajectory.reward is None and rule is not RewardRule.PER_CALL:
-        adapted.problems.append(Problem(rid, aid, None, "no reward (no agl.reward span)"))
+        adapted.problems.append(Problem(rid, aid, None, "no reward (no reward span)"))
         return adapted
     rewards = _call_rewards(trajectory, calls, rule, gamma)
     for index, (span, reward) in enumerate(zip(calls, rewards, strict=True)):

@@ -16,6 +16,7 @@ from .training_traffic import (
     llm_span,
     one_call_attempt,
     reward_span,
+    run_all,
     with_offsets,
 )
 
@@ -83,16 +84,6 @@ def interleave(records: list[Record], rng: random.Random) -> list[Record]:
         out.append(queues[tp].pop(0))
         if not queues[tp]:
             del queues[tp]
-    return out
-
-
-def run_all(assembler: Assembler, records: list[Record]) -> list[Trajectory]:
-    out = []
-    for tp, offset, event in with_offsets(records):
-        assembler.add(tp, offset, event)
-        ready = assembler.complete()
-        assembler.settle(t.key for t in ready)
-        out += ready
     return out
 
 

@@ -19,7 +19,7 @@ from agl_stream.events import (
     RolloutStatus,
     SpanRecorded,
 )
-from agl_stream.training.trajectories import TopicPartition
+from agl_stream.training.trajectories import Assembler, TopicPartition, Trajectory
 
 Record = tuple[TopicPartition, Event]
 
@@ -123,4 +123,15 @@ def with_offsets(records: Sequence[Record]) -> list[tuple[TopicPartition, int, E
         offset = next_offset.get(tp, 0)
         next_offset[tp] = offset + 1
         out.append((tp, offset, event))
+    return out
+
+
+def run_all(assembler: Assembler, records: Sequence[Record]) -> list[Trajectory]:
+    """Every record through the assembler in order; the trajectories it completes, settled."""
+    out = []
+    for tp, offset, event in with_offsets(records):
+        assembler.add(tp, offset, event)
+        ready = assembler.complete()
+        assembler.settle(t.key for t in ready)
+        out += ready
     return out

@@ -1,0 +1,59 @@
+"""Which spans carry a reward, and its value. agl-stream's own emitter writes an `agl.reward`
+span; agents written for Agent Lightning write its forms, read here the way Agent Lightning
+0.3 reads them (`agentlightning.emitter.reward.get_reward_value`):
+
+1. any span with `agentlightning.reward.<i>.name/value` attributes: the primary reward is the
+   value at index 0 (what Agent Lightning's `emit_reward` writes, on an
+   `agentlightning.annotation` span);
+2. AgentOps' legacy form: `agentops.task.output` or `agentops.entity.output` holding
+   `{"type": "reward", "value": x}` (a JSON string, as OpenTelemetry attributes are flat);
+3. Agent Lightning 0.2's form: a span named `agentlightning.annotation` with a `reward`
+   attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+AGL_REWARD = "agl.reward"  # emit_reward's span; its attribute of the same name is the reward
+AL_REWARD_PRIMARY = "agentlightning.reward.0.value"
+AL_ANNOTATION = "agentlightning.annotation"
+AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
+
+
+def span_reward(name: str, attributes: Mapping[str, Any] | None) -> float | None:
+    """The reward a span carries, or None when it carries none (or a value that is not a
+    finite number)."""
+    attributes = attributes or {}
+    if name == AGL_REWARD:
+        return _number(attributes.get(AGL_REWARD))
+    if AL_REWARD_PRIMARY in attributes:
+        return _number(attributes[AL_REWARD_PRIMARY])
+    for key in AGENTOPS_OUTPUTS:
+        output = _json_object(attributes.get(key))
+        if output is not None and output.get("type") == "reward":
+            return _number(output.get("value"))
+    if name == AL_ANNOTATION:
+        return _number(attributes.get("reward"))
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _json_object(value: Any) -> Mapping[str, Any] | None:
+    if isinstance(value, Mapping):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, Mapping) else None
