@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from agl_stream.agent.threads import run_sync
 from agl_stream.events import LLM, Checkpoint, PromptTemplate, RolloutMode
@@ -29,10 +29,18 @@ class Rollout:
     mode: RolloutMode
     resources_id: str | None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # Where the agent POSTs events on the runner's gateway, and the attempt's key (set when
+    # the agent runs outside the runner's process: a process agent).
+    event_url: str | None = None
+    key: str | None = field(default=None, repr=False)
 
 
 class LitAgent:
     """Base class for stateful agents: override `rollout` (sync) or `rollout_async`."""
+
+    # True: the agent runs outside the runner's process, so its attempt's gateway URLs
+    # require the attempt's key (given on `Rollout.key`).
+    keyed_gateway: ClassVar[bool] = False
 
     def rollout(self, task: Any, resources: NamedResources, rollout: Rollout) -> AgentResult:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout or rollout_async")

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from agl_stream.agent.api import load_agent
+from agl_stream.agent.api import LitAgent, load_agent
+from agl_stream.agent.process import ProcessAgent
 from agl_stream.cli.apo import apo_config, apo_options, run_apo
 from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_signals
 from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
@@ -29,6 +30,12 @@ ROLES = ("runner", "projector", "trainer")
     help="What this worker does. [env: AGL_CURRENT_ROLE]",
 )
 @click.option("--agent", "agent_spec", metavar="MODULE:ATTR", help="The agent a runner runs.")
+@click.option(
+    "--agent-command",
+    metavar='"CMD ..."',
+    help="Run this command as the agent, one process per attempt, in any language: it gets "
+    "AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY and AGL_TASK_INPUT (see the README).",
+)
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),
@@ -124,6 +131,7 @@ def worker(
     /,
     role: str | None,
     agent_spec: str | None,
+    agent_command: str | None,
     batch_size: int,
     concurrency: int,
     linger_ms: int,
@@ -193,12 +201,7 @@ def worker(
         config.heartbeat_seconds = heartbeat
         run_trainer(app, config, metrics_host, metrics_port)
         return
-    if agent_spec is None:
-        raise click.UsageError("a runner needs --agent MODULE:ATTR, the agent to run")
-    try:
-        agent = load_agent(agent_spec)
-    except (ValueError, TypeError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--agent") from None
+    agent, agent_name = _runner_agent(agent_spec, agent_command, gateway)
     runner_config = RunnerConfig(
         agent=agent, concurrency=concurrency, group_id=group, shutdown_grace_seconds=grace,
         heartbeat_seconds=heartbeat, session_timeout_ms=session_timeout_ms,
@@ -209,13 +212,38 @@ def worker(
         runner_config.worker_id = worker_id
     runner = Runner(app.kafka(), runner_config)
     console.print(
-        f"runner {runner_config.worker_id}: agent {agent_spec}, concurrency {concurrency}",
+        f"runner {runner_config.worker_id}: agent {agent_name}, concurrency {concurrency}",
         highlight=False,
     )
     asyncio.run(_run_until_signal(runner, metrics_host, metrics_port))
     console.print(
         f"runner {runner_config.worker_id} stopped: {dict(runner.counts)}", highlight=False
     )
+
+
+def _runner_agent(
+    agent_spec: str | None, agent_command: str | None, gateway: bool
+) -> tuple[LitAgent, str]:
+    if agent_spec is not None and agent_command is not None:
+        raise click.UsageError("give a runner --agent or --agent-command, not both")
+    if agent_command is not None:
+        if not gateway:
+            raise click.UsageError(
+                "--agent-command needs the runner's gateway (its URLs are the agent's LLM and "
+                "event endpoints): leave out --no-gateway"
+            )
+        try:
+            return ProcessAgent(agent_command), agent_command
+        except ValueError as exc:  # an empty command, or shlex: "No closing quotation"
+            raise click.BadParameter(str(exc), param_hint="--agent-command") from None
+    if agent_spec is None:
+        raise click.UsageError(
+            'a runner needs the agent to run: --agent MODULE:ATTR or --agent-command "CMD ..."'
+        )
+    try:
+        return load_agent(agent_spec), agent_spec
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--agent") from None
 
 
 async def _run_until_signal(

@@ -8,6 +8,7 @@ errors reach the agent as the upstream gave them; a dead or silent upstream beco
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiokafka.errors import MessageSizeTooLargeError
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from agl_stream.agent.llm import LLMCall, record_llm_call
@@ -23,6 +25,7 @@ from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
 from agl_stream.codec import Codec
 from agl_stream.events import LLM, SpanRecorded
 from agl_stream.events.spans import too_large_stand_in
+from agl_stream.gateway.events import BadEvents, parse_events
 from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog
 from agl_stream.gateway.routes import (
     ENDPOINTS,
@@ -88,11 +91,13 @@ class Gateway:
         resources: Mapping[str, Any],
         resources_id: str | None,
         parent: Context | None = None,
+        key: str | None = None,
     ) -> tuple[AttemptRoute, dict[str, Any]]:
         """Register an attempt; returns its route and its resources with every LLM pointed
-        at this gateway."""
+        at this gateway. With a `key`, the attempt's URLs (its LLMs' and its event URL) refuse
+        any call that does not carry it as a bearer token."""
         upstreams = {name: r.endpoint for name, r in resources.items() if isinstance(r, LLM)}
-        route = AttemptRoute(recorder, upstreams, resources_id, parent)
+        route = AttemptRoute(recorder, upstreams, resources_id, parent, key=key)
         self.routes[(recorder.rollout_id, recorder.attempt_id)] = route
         routed = dict(resources)
         for name in upstreams:
@@ -116,6 +121,7 @@ class Gateway:
         Tracing.install()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
+        app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -187,6 +193,41 @@ class Gateway:
         self.log.put_back(failed + unsent)
         self.counts["span_batches_failed"] = self.counts.get("span_batches_failed", 0) + 1
 
+    # -- an agent's events -------------------------------------------------------------------
+
+    async def _events(self, request: web.Request) -> web.Response:
+        """Events a process agent POSTs to its attempt's event URL, recorded as its spans."""
+        rollout_id, attempt_id = request.match_info["rollout"], request.match_info["attempt"]
+        route = self.routes.get((rollout_id, attempt_id))
+        if route is None:
+            message = (
+                f"attempt {attempt_id} of rollout {rollout_id} is not running behind this gateway"
+            )
+            return _error(410, message, "attempt_not_running")
+        if (refused := _refused_key(request, route)) is not None:
+            return refused
+        task = asyncio.current_task()
+        if task is not None:  # the attempt's end waits for it, as for an LLM call
+            route.calls.add(task)
+        try:
+            try:
+                events = parse_events(await request.read())
+            except BadEvents as exc:
+                return _error(400, str(exc), "invalid_request_error")
+            recorder_token = current_recorder.set(route.recorder)
+            context_token = otel_context.attach(route.parent or Context())
+            try:
+                for event in events:
+                    event.record()
+            finally:
+                otel_context.detach(context_token)
+                current_recorder.reset(recorder_token)
+            self.counts["events"] = self.counts.get("events", 0) + len(events)
+            return web.json_response({"recorded": len(events)})
+        finally:
+            if task is not None:
+                route.calls.discard(task)
+
     # -- one call ---------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -201,6 +242,8 @@ class Gateway:
                 "behind this gateway (it ended, or runs in another runner)"
             )
             return _error(410, message, "attempt_not_running")
+        if route is not None and (refused := _refused_key(request, route)) is not None:
+            return refused
         upstream = self._upstream(identity, route)
         if upstream is None:
             return _error(404, "this gateway has no upstream for calls without an attempt URL")
@@ -212,7 +255,7 @@ class Gateway:
             return _error(503, message, "spans_backlog")
         kind = ENDPOINTS.get(endpoint)
         if kind is None or request.method != "POST":
-            return await self._pass_through(request, upstream_url(upstream, endpoint))
+            return await self._pass_through(request, upstream_url(upstream, endpoint), route)
         task = asyncio.current_task()
         if route is not None and task is not None:
             route.calls.add(task)
@@ -322,7 +365,9 @@ class Gateway:
             headers=_headers(request, recorded.route),
         )
 
-    async def _pass_through(self, request: web.Request, url: str) -> web.StreamResponse:
+    async def _pass_through(
+        self, request: web.Request, url: str, route: AttemptRoute | None
+    ) -> web.StreamResponse:
         """Anything else (GET /v1/models, embeddings): forwarded, not recorded."""
         assert self._session is not None
         try:
@@ -330,7 +375,7 @@ class Gateway:
                 request.method,
                 url,
                 data=await request.read(),
-                headers=_headers(request, None),
+                headers=_headers(request, route),
             ) as upstream:
                 raw = await upstream.read()
                 return web.Response(
@@ -382,11 +427,32 @@ class _Recorded:
 
 
 def _headers(request: web.Request, route: AttemptRoute | None) -> dict[str, str]:
-    headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+    forwarded: tuple[str, ...] = FORWARDED_HEADERS
+    if route is not None and route.key is not None:  # the attempt's key stays here
+        forwarded = tuple(name for name in forwarded if name != "Authorization")
+    headers = {name: request.headers[name] for name in forwarded if name in request.headers}
     if route is not None and route.resources_id is not None:
         # The version the attempt runs on: a policy server catches up to it before answering.
         headers[RESOURCES_HEADER] = route.resources_id
     return headers
+
+
+def _refused_key(request: web.Request, route: AttemptRoute) -> web.Response | None:
+    """None when the call may go on: the route is open, or the call carries its key."""
+    if route.key is None:
+        return None
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        message = "this attempt's URLs need its key: send 'Authorization: Bearer $AGL_KEY'"
+        return _error(401, message, "authentication_error")
+    if not hmac.compare_digest(token.strip().encode(), route.key.encode()):
+        recorder = route.recorder
+        message = (
+            f"this key is not the key of attempt {recorder.attempt_id} of rollout "
+            f"{recorder.rollout_id}"
+        )
+        return _error(403, message, "permission_error")
+    return None
 
 
 def _refused(status: int, raw: bytes) -> str:

@@ -33,6 +33,8 @@ class AttemptRoute:
     resources_id: str | None
     parent: Context | None = None
     calls: set[asyncio.Task[object]] = field(default_factory=set)
+    # A bearer token the attempt's URLs require (a process agent's AGL_KEY); None: open.
+    key: str | None = None
 
     async def drain(self, grace_seconds: float) -> None:
         """Wait for calls in flight to end; cancel those still running after the grace (each

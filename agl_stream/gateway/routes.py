@@ -27,6 +27,12 @@ def attempt_base_url(gateway_url: str, identity: Identity) -> str:
     return f"{gateway_url.rstrip('/')}/rollouts/{rollout}/attempts/{attempt}/{resource}/v1"
 
 
+def attempt_event_url(gateway_url: str, rollout_id: str, attempt_id: str) -> str:
+    """Where an attempt's agent POSTs its events (rewards, messages, spans)."""
+    rollout, attempt = quote(rollout_id, safe=""), quote(attempt_id, safe="")
+    return f"{gateway_url.rstrip('/')}/rollouts/{rollout}/attempts/{attempt}/events"
+
+
 def parse_path(path: str) -> tuple[Identity | None, str]:
     """(identity or None, the path after /v1/): `/v1/chat/completions` has no identity;
     `/rollouts/R/attempts/A/NAME/v1/completions` has one. ValueError for anything else."""

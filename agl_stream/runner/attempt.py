@@ -4,8 +4,10 @@ streamed to the spans topic and all on the broker before the attempt's outcome i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import secrets
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
 from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.proxy import Gateway
+from agl_stream.gateway.routes import attempt_event_url
 from agl_stream.runner.lane import EventTooLarge
 from agl_stream.streams import Sender
 
@@ -77,7 +80,10 @@ async def execute(
     route = None
     if gateway is not None:
         # The agent's LLM resources point at the gateway, which records into this recorder.
-        route, resources = gateway.open_attempt(recorder, resources, rollout.resources_id)
+        key = secrets.token_urlsafe(24) if agent.keyed_gateway else None
+        route, resources = gateway.open_attempt(recorder, resources, rollout.resources_id, key=key)
+        event_url = attempt_event_url(gateway.url, task.rollout_id, rollout.attempt_id)
+        rollout = dataclasses.replace(rollout, event_url=event_url, key=key)
     sent: list[asyncio.Future[RecordMetadata]] = []
 
     async def pump() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from agl_stream.agent.api import load_agent
+from agl_stream.agent.api import LitAgent, load_agent
 from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import (
@@ -111,10 +111,11 @@ async def queue(kafka: KafkaSettings, tasks: list[Any], **options: Any) -> list[
 
 @asynccontextmanager
 async def runner_in_process(
-    kafka: KafkaSettings, agent: str = "tests.agents:behave", **config: Any
+    kafka: KafkaSettings, agent: str | LitAgent = "tests.agents:behave", **config: Any
 ) -> AsyncIterator[Runner]:
     settings = {"session_timeout_ms": 6000, "heartbeat_seconds": 1.0, "shutdown_grace_seconds": 5.0}
-    runner = Runner(kafka, RunnerConfig(agent=load_agent(agent), **{**settings, **config}))
+    loaded = load_agent(agent) if isinstance(agent, str) else agent
+    runner = Runner(kafka, RunnerConfig(agent=loaded, **{**settings, **config}))
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     try:

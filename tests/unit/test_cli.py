@@ -96,6 +96,24 @@ def test_a_trainer_without_a_checkpoint_dir_is_told_so() -> None:
     assert "a trainer needs --checkpoint-dir" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "a runner needs the agent to run: --agent MODULE:ATTR or --agent-command"),
+        (["--agent", "tests.agents:behave", "--agent-command", "true"], "not both"),
+        (["--agent-command", "true", "--no-gateway"], "--agent-command needs the runner's gateway"),
+        (["--agent-command", "node 'agent.js"], "cannot split the command"),
+        (["--agent-command", "  "], "a process agent needs a command to run"),
+        (["--agent", "no_colon"], "must look like package.module:attribute"),
+    ],
+)
+def test_a_runner_without_a_usable_agent_is_told_why(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["worker", "--role", "runner", *args], env={})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+
+
 def test_a_bad_trainer_setting_is_a_usage_error() -> None:
     for args, message in [
         (["--learning-rate", "0"], "--learning-rate"),
