@@ -1,3 +1,20 @@
 """agl-stream: train AI agents over an event-sourced Kafka pipeline."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+__all__ = ["GRPO", "Trainer"]
+
+if TYPE_CHECKING:
+    from agl_stream.fit import GRPO, Trainer
+
+
+def __getattr__(name: str) -> Any:
+    # Trainer and GRPO pull in the whole stack; importing agl_stream alone stays cheap.
+    if name in __all__:
+        from agl_stream import fit
+
+        return getattr(fit, name)
+    raise AttributeError(f"module 'agl_stream' has no attribute {name!r}")

@@ -265,8 +265,10 @@ def _explain(exc: ValidationError) -> str:
 
 
 def current_role(default: str | None = None) -> str | None:
-    """AGL_CURRENT_ROLE, as Agent Lightning users set it."""
-    return os.environ.get("AGL_CURRENT_ROLE", default)
+    """AGL_CURRENT_ROLE, as Agent Lightning users set it; its `algorithm` is a worker's
+    `trainer` (`both` belongs to Trainer.fit, which runs every role)."""
+    role = os.environ.get("AGL_CURRENT_ROLE", default)
+    return "trainer" if role == "algorithm" else role
 
 
 def child_environment(

@@ -10,6 +10,7 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors, run
 from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import migrate
+from agl_stream.embedded.ready import ready_stack
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.topic_admin import apply_topics
 
@@ -89,15 +90,8 @@ def up(
 def bring_up(app: AppContext, home: Path | None) -> tuple[EmbeddedStack, bool]:
     """Start the embedded stack unless it runs; topics and schema applied either way.
     Returns the stack and whether this call started it."""
-    stack = _stack(home, None, None)
-    was_running = stack.running() is not None
-    state = stack.up()
-    kafka = load(
-        KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=app.topic_prefix
-    )
-    run(apply_topics(kafka))
-    run(migrate(load(DatabaseSettings, database_url=state.database_url)))
-    return stack, not was_running
+    ready = ready_stack(home, app.topic_prefix)
+    return ready.stack, ready.started
 
 
 @click.command()

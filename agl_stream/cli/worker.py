@@ -27,7 +27,7 @@ ROLES = ("runner", "projector", "trainer")
     "--role",
     type=click.Choice(ROLES),
     default=lambda: current_role(),
-    help="What this worker does. [env: AGL_CURRENT_ROLE]",
+    help="What this worker does. [env: AGL_CURRENT_ROLE; its `algorithm` means trainer]",
 )
 @click.option("--agent", "agent_spec", metavar="MODULE:ATTR", help="The agent a runner runs.")
 @click.option(

@@ -11,11 +11,12 @@ import random
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from aiokafka import TopicPartition
@@ -54,6 +55,13 @@ class DemoConfig:
     # step n-1 (pinned to version n-1), so the runners sample while the trainer trains, and
     # the trainer takes samples one update old (importance weights from their logprobs).
     max_staleness: int = 0
+    # What the runners run and on what: the demo's task, or a user's (Trainer.fit).
+    agent: str = AGENT  # MODULE:ATTR
+    task_source: Callable[[random.Random, int], Sequence[Any]] = tasks
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # PYTHONPATH for the agent
+    timeout_seconds: float = 60.0
+    algorithm: bool = True  # False: runners and a projector only (Trainer.dev)
+    resources: Mapping[str, Any] = field(default_factory=dict)  # published beside `llm`
 
     @property
     def trainer_staleness(self) -> int:
@@ -80,6 +88,7 @@ class StepPoint:
     step: int
     mean_reward: float
     samples: int
+    resources_id: str = ""  # the version this step published
 
 
 def _worker_command(role: str, *extra: str) -> list[str]:
@@ -91,17 +100,18 @@ async def publish_endpoint(kafka: KafkaSettings, config: DemoConfig, port: int) 
     the latest version and carrying nothing (resources.py): the trainer's versions carry
     this run's endpoint, never an earlier run's (stopped) policy server or checkpoint."""
     llm = LLM(endpoint=f"http://127.0.0.1:{port}/v1", model="policy")
-    change = Change(resources={"llm": llm}, resources_id=config.endpoint_id, carry=False)
+    resources = {**config.resources, "llm": llm}
+    change = Change(resources=resources, resources_id=config.endpoint_id, carry=False)
     await publish_resources(kafka, change, published_by="demo")
 
 
 @contextmanager
 def workers(
     config: DemoConfig, kafka: KafkaSettings, database: DatabaseSettings, port: int
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The demo's processes, stopped (SIGTERM, then kill) on the way out."""
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """The run's processes by name, stopped (SIGTERM, then kill) on the way out."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
-    env = child_environment(kafka, database)
+    env = {**child_environment(kafka, database), **config.extra_env}
     serve = [sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port)]
     commands = {
         "policy-server": serve,
@@ -116,24 +126,26 @@ def workers(
         "projector": _worker_command("projector", "--heartbeat", "2"),
         **{
             f"runner-{i}": _worker_command(
-                "runner", "--agent", AGENT, "--concurrency", str(config.concurrency),
+                "runner", "--agent", config.agent, "--concurrency", str(config.concurrency),
                 "--heartbeat", "2", "--grace", "5",
             )
             for i in range(config.runners)
         },
     }  # fmt: skip
-    processes: list[subprocess.Popen[bytes]] = []
+    if not config.algorithm:
+        del commands["policy-server"], commands["trainer"]
+    processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, command in commands.items():
             with (config.log_dir / f"{name}.log").open("wb") as log:  # the child keeps its copy
-                processes.append(
-                    subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+                processes[name] = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
         yield processes
     finally:
-        for process in processes:
+        for process in processes.values():
             process.terminate()
-        for process in processes:
+        for process in processes.values():
             try:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -185,7 +197,7 @@ async def drive(
                 if step > len(points) and "mean_reward" in event.metadata:
                     point = StepPoint(
                         step, float(event.metadata["mean_reward"]),
-                        int(event.metadata.get("samples", "0")),
+                        int(event.metadata.get("samples", "0")), event.resources_id,
                     )  # fmt: skip
                     points.append(point)
                     on_step(point)
@@ -208,9 +220,10 @@ async def _enqueue_step(
 ) -> None:
     """groups_per_step tasks, each queued group_size times: one GRPO group per task."""
     sent = []
-    for group, task in enumerate(tasks(rng, config.groups_per_step)):
+    for group, task in enumerate(config.task_source(rng, config.groups_per_step)):
         options = RolloutOptions(
-            mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=60.0,
+            mode=RolloutMode.TRAIN, resources_id=resources_id,
+            timeout_seconds=config.timeout_seconds,
             # A failed attempt (the policy server busy past the timeout, say) is run
             # again: a rollout lost for good would leave its GRPO group short forever.
             max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
@@ -226,26 +239,38 @@ def run_demo(
     kafka: KafkaSettings,
     database: DatabaseSettings,
     on_step: Callable[[StepPoint], None],
+    after: Callable[[list[StepPoint]], Awaitable[None]] | None = None,
 ) -> list[StepPoint]:
+    """Train for config.steps; then `after(points)` runs while the workers still do (to
+    validate the last version, say)."""
     port = free_port()
     asyncio.run(publish_endpoint(kafka, config, port))
     with workers(config, kafka, database, port) as processes:
-        names = [
-            "policy-server", "trainer", "projector", *[f"runner-{i}" for i in range(config.runners)]
-        ]  # fmt: skip
 
         def alive() -> str | None:
-            for name, process in zip(names, processes, strict=True):
-                if process.poll() is not None:
-                    return name
-            return None
+            return first_stopped(processes)
 
         started = datetime.now(UTC)
+
+        async def train() -> list[StepPoint]:
+            points = await drive(kafka, config, alive, on_step)
+            if after is not None:
+                await after(points)
+            return points
+
         try:
-            return asyncio.run(drive(kafka, config, alive, on_step))
+            return asyncio.run(train())
         except DemoFailed as exc:
             failed = asyncio.run(failures(database, started))
             raise DemoFailed(f"{exc}{failed}") from None
+
+
+def first_stopped(processes: Mapping[str, subprocess.Popen[bytes]]) -> str | None:
+    """The name of a process that is no longer running, if any."""
+    for name, process in processes.items():
+        if process.poll() is not None:
+            return name
+    return None
 
 
 async def failures(database: DatabaseSettings, since: datetime) -> str:

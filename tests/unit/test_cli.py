@@ -177,3 +177,13 @@ def test_status_leaves_out_the_groups_that_only_mark_an_enqueue() -> None:
     assert is_enqueue_marker("agl.enqueue-0123456789abcdef")
     assert not is_enqueue_marker("agl-runners")
     assert not is_enqueue_marker("team-enqueue-workers")
+
+
+def test_agent_lightning_roles_pick_the_worker() -> None:
+    """AGL_CURRENT_ROLE as Agent Lightning users set it: `algorithm` is the trainer."""
+    result = CliRunner().invoke(cli, ["worker"], env={"AGL_CURRENT_ROLE": "algorithm"})
+    assert result.exit_code == 2
+    assert "a trainer needs --checkpoint-dir" in result.output
+    result = CliRunner().invoke(cli, ["worker"], env={"AGL_CURRENT_ROLE": "runner"})
+    assert result.exit_code == 2
+    assert "a runner needs the agent to run" in " ".join(result.output.split())
