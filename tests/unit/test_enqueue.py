@@ -76,6 +76,9 @@ def test_cli_rejects_bad_input_before_touching_the_broker(tmp_path: Path) -> Non
     result = runner.invoke(cli, ["enqueue"], input="")
     assert result.exit_code == 2 and "no task inputs" in result.output
     result = runner.invoke(cli, ["worker", "--role", "runner"])
-    assert result.exit_code == 2 and "needs --agent" in result.output
+    assert (
+        result.exit_code == 2
+        and "a runner needs the agent to run: --agent MODULE:ATTR" in result.output
+    )
     result = runner.invoke(cli, ["worker", "--role", "runner", "--agent", "nope:x"])
     assert result.exit_code == 2 and "cannot import agent module 'nope'" in result.output
