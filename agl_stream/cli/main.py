@@ -7,6 +7,7 @@ import click
 from agl_stream import __version__
 from agl_stream.cli import (
     cancel,
+    dashboard,
     db,
     demo,
     dlq,
@@ -58,6 +59,7 @@ def cli(
 
 
 cli.add_command(demo.demo)
+cli.add_command(dashboard.dashboard)
 cli.add_command(serving.serve)
 cli.add_command(serving.gateway)
 cli.add_command(stack.up)

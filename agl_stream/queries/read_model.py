@@ -240,6 +240,17 @@ class ReadModel:
         query = query.order_by(r.version.desc(), r.published_at.desc(), r.resources_id)
         return [Resources.model_validate(dict(x)) for x in await self._all(query.limit(limit))]
 
+    async def run_versions(self, limit: int = 20_000) -> list[Resources]:
+        """The newest versions that training runs published (GRPO steps: `run_name` in
+        their metadata; APO's best prompts: `val_score`), newest first."""
+        check_limit(limit, most=100_000)
+        r = db.resources.c
+        query = select(*(getattr(r, f) for f in Resources.model_fields)).where(
+            r["metadata"].has_key("run_name") | r["metadata"].has_key("val_score")
+        )
+        query = query.order_by(r.published_at.desc(), r.resources_id).limit(limit)
+        return [Resources.model_validate(dict(x)) for x in await self._all(query)]
+
     async def latest_resources(self) -> Resources:
         """The version runners hand out: the highest one that is not pin-only."""
         history = await self.resources_history(limit=1, include_pin_only=False)

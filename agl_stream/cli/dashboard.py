@@ -1,0 +1,42 @@
+"""`agl-stream dashboard`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    friendly_errors,
+    listening_on,
+    stop_on_signals,
+)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--read-model", help="Which read model to show. [default: the active one]")
+@click.pass_obj
+@friendly_errors
+def dashboard(app: AppContext, /, host: str, port: int, read_model: str | None) -> None:
+    """Serve the dashboard: training runs with their reward curves, rollouts (filters, search
+    by id, pages), a rollout's attempts and span waterfall with its LLM calls as chats,
+    workers and resources versions, updating live as the projector writes. Its JSON API is
+    described at /api/openapi.json. Read-only."""
+    from agl_stream.dashboard.server import Dashboard
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        server = Dashboard(app.database(), read_model)
+        with listening_on(f"{host}:{port}"):
+            url = await server.start(host, port)
+        console.print(f"dashboard on {url}/ (API: {url}/api/openapi.json)", highlight=False)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,148 @@
+"""The dashboard's JSON API over the read model (what the page uses, and all it uses). Every
+route is in `openapi.ROUTES`; a bad parameter is a 400 that names it, an unknown rollout a 404."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from agl_stream.dashboard.runs import runs_from_versions
+from agl_stream.queries import NotFound, QueryError, ReadModel
+from agl_stream.queries.params import RolloutFilter
+
+READ_MODEL = web.AppKey("read_model", ReadModel)
+ROLLOUT_PARAMETERS = frozenset(RolloutFilter.model_fields) | {"id"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(value: Any) -> web.Response:
+    if isinstance(value, BaseModel):
+        return web.json_response(value.model_dump(mode="json"))
+    if isinstance(value, list):
+        return web.json_response(
+            [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+        )
+    return web.json_response(value)
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Errors of the request's making as JSON with the reason: 400 for a bad parameter, 404
+    for something that is not there."""
+    try:
+        return await handler(request)
+    except NotFound as exc:  # before QueryError, of which it is a kind
+        return error(404, str(exc))
+    except QueryError as exc:
+        return error(400, str(exc))
+
+
+def _only(request: web.Request, allowed: frozenset[str] | set[str]) -> None:
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise QueryError(f"unknown parameter {unknown[0]!r}; this route takes {sorted(allowed)}")
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise QueryError(f"{name} must be a whole number, got {raw!r}") from None
+
+
+def rollout_filter(request: web.Request) -> RolloutFilter:
+    """The query string as a RolloutFilter (repeat status, mode and metadata for several;
+    metadata as key=value, or key alone for 'present')."""
+    _only(request, ROLLOUT_PARAMETERS)
+    q = request.query
+    options: dict[str, Any] = {
+        k: v for k, v in q.items() if k not in ("status", "mode", "metadata", "id")
+    }
+    options["status"] = tuple(q.getall("status", []))
+    options["mode"] = tuple(q.getall("mode", []))
+    metadata: dict[str, str | None] = {}
+    for item in q.getall("metadata", []):
+        key, sep, value = item.partition("=")
+        metadata[key] = value if sep else None
+    options["metadata"] = metadata
+    if "descending" in options:
+        options["descending"] = options["descending"].lower() in ("1", "true", "yes")
+    return RolloutFilter.of(**options)
+
+
+async def rollouts(request: web.Request) -> web.Response:
+    model = request.app[READ_MODEL]
+    rollout_id = request.query.get("id")
+    if rollout_id:  # a search by id: the page of that one rollout, or an empty one
+        _only(request, {"id"})
+        try:
+            found = [await model.rollout(rollout_id)]
+        except NotFound:
+            found = []
+        return _json({"items": [r.model_dump(mode="json") for r in found], "next_cursor": None})
+    return _json(await model.rollouts(rollout_filter(request)))
+
+
+async def rollout(request: web.Request) -> web.Response:
+    _only(request, set())
+    model = request.app[READ_MODEL]
+    rollout_id = request.match_info["rollout_id"]
+    found = await model.rollout(rollout_id)
+    attempts = await model.attempts(rollout_id)
+    return _json(
+        {
+            "rollout": found.model_dump(mode="json"),
+            "attempts": [a.model_dump(mode="json") for a in attempts],
+        }
+    )
+
+
+async def spans(request: web.Request) -> web.Response:
+    _only(request, {"attempt_id", "limit"})
+    model = request.app[READ_MODEL]
+    rollout_id = request.match_info["rollout_id"]
+    attempt_id = request.query.get("attempt_id")
+    limit = _int(request, "limit", 10_000)
+    await model.rollout(rollout_id)  # a 404 for an unknown rollout, not an empty list
+    found = await model.spans(
+        rollout_id, attempt_id=attempt_id, latest_attempt=attempt_id is None, limit=limit
+    )
+    return _json(found)
+
+
+async def workers(request: web.Request) -> web.Response:
+    _only(request, {"role"})
+    return _json(await request.app[READ_MODEL].workers(role=request.query.get("role")))
+
+
+async def resources(request: web.Request) -> web.Response:
+    _only(request, {"name", "limit"})
+    model = request.app[READ_MODEL]
+    limit = _int(request, "limit", 100)
+    return _json(await model.resources_history(name=request.query.get("name"), limit=limit))
+
+
+async def runs(request: web.Request) -> web.Response:
+    _only(request, set())
+    return _json(runs_from_versions(await request.app[READ_MODEL].run_versions()))
+
+
+async def overview(request: web.Request) -> web.Response:
+    _only(request, set())
+    model = request.app[READ_MODEL]
+    counts = await model.status_counts()
+    alive = [w for w in await model.workers() if w.health == "alive"]
+    roles: dict[str, int] = {}
+    for worker in alive:
+        roles[worker.role] = roles.get(worker.role, 0) + 1
+    return _json({"read_model": model.schema, "status_counts": counts, "workers_alive": roles})

@@ -1,0 +1,85 @@
+"""Live updates for the page: server-sent events woken by the projector's commits (its
+NOTIFY after each transaction), through one LISTEN connection for all the pages watching.
+A burst of commits is one `changed` event at most every MIN_GAP_SECONDS per page; a page
+that is slow to read gets the latest news, never a backlog (one flag per page, not a queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import asyncpg
+from aiohttp import web
+
+from agl_stream.config import DatabaseSettings
+from agl_stream.projection.store import NOTIFY_CHANNEL
+from agl_stream.supervision import restarting
+
+MIN_GAP_SECONDS = 0.5
+KEEPALIVE_SECONDS = 15.0
+
+
+class Changes:
+    def __init__(self, database: DatabaseSettings) -> None:
+        self.database = database
+        self._pages: set[asyncio.Event] = set()
+        self._listener: asyncio.Task[None] | None = None
+        self.notifications = 0
+
+    async def start(self) -> None:
+        self._listener = asyncio.create_task(
+            restarting(self._listen, "the dashboard's LISTEN connection"), name="listen"
+        )
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+
+    async def _listen(self) -> None:
+        """Hold a LISTEN connection until it is lost (then `restarting` opens another);
+        pages are told of a change on reconnecting, since commits may have been missed."""
+        lost = asyncio.Event()
+        conn = await asyncpg.connect(self.database.asyncpg_dsn)
+        try:
+            conn.add_termination_listener(lambda _: lost.set())
+            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
+            self._wake()
+            await lost.wait()
+            raise ConnectionError("the LISTEN connection to PostgreSQL was lost")
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _wake(self) -> None:
+        self.notifications += 1
+        for page in self._pages:
+            page.set()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """GET /api/live: `event: changed` each time the read model changed."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        changed = asyncio.Event()
+        self._pages.add(changed)
+        try:
+            await response.write(b"retry: 2000\n\n")
+            while True:
+                try:
+                    await asyncio.wait_for(changed.wait(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                changed.clear()
+                data = json.dumps({"notifications": self.notifications})
+                await response.write(f"event: changed\ndata: {data}\n\n".encode())
+                await asyncio.sleep(MIN_GAP_SECONDS)
+        except (ConnectionResetError, ConnectionError):
+            pass  # the page went away
+        finally:
+            self._pages.discard(changed)
+        return response

@@ -1,0 +1,88 @@
+"""Training runs as the resources topic tells them (pure): the GRPO trainer publishes a
+version per step with `run_name`, `step`, `mean_reward` and counts in its metadata; APO
+publishes each best prompt with `apo_run`, `round` and `val_score`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from agl_stream.queries.models import Resources
+
+COUNTS = ("samples", "trajectories", "dropped_stale", "downweighted_stale", "dropped_incomplete")
+
+
+class RunPoint(BaseModel):
+    step: int  # GRPO: the step; APO: the round
+    resources_id: str
+    published_at: datetime
+    reward: float | None  # GRPO: the step's mean reward; APO: the best prompt's val score
+    counts: dict[str, int]
+
+
+class Run(BaseModel):
+    name: str
+    algorithm: str  # grpo | apo
+    versions: int
+    first_published_at: datetime
+    last_published_at: datetime
+    latest_reward: float | None
+    points: list[RunPoint]
+
+
+def runs_from_versions(versions: Iterable[Resources]) -> list[Run]:
+    """Every run among the versions, the most recently active first; points by step."""
+    grouped: dict[tuple[str, str], list[RunPoint]] = {}
+    for version in versions:
+        found = _point(version)
+        if found is not None:
+            key, point = found
+            grouped.setdefault(key, []).append(point)
+    runs = []
+    for (algorithm, name), points in grouped.items():
+        points.sort(key=lambda p: (p.step, p.published_at))
+        times = [p.published_at for p in points]
+        rewards = [p.reward for p in points if p.reward is not None]
+        runs.append(
+            Run(
+                name=name,
+                algorithm=algorithm,
+                versions=len(points),
+                first_published_at=min(times),
+                last_published_at=max(times),
+                latest_reward=rewards[-1] if rewards else None,
+                points=points,
+            )
+        )
+    runs.sort(key=lambda r: r.last_published_at, reverse=True)
+    return runs
+
+
+def _point(version: Resources) -> tuple[tuple[str, str], RunPoint] | None:
+    m = version.metadata
+    if "run_name" in m and "step" in m:
+        key, step, reward = ("grpo", m["run_name"]), m["step"], m.get("mean_reward")
+    elif "apo_run" in m and "val_score" in m:
+        key, step, reward = ("apo", m["apo_run"]), m.get("round", "0"), m["val_score"]
+    else:
+        return None
+    counts = {k: int(m[k]) for k in COUNTS if _is_int(m.get(k))}
+    point = RunPoint(
+        step=int(step) if _is_int(step) else 0, resources_id=version.resources_id,
+        published_at=version.published_at, reward=_float(reward), counts=counts,
+    )  # fmt: skip
+    return key, point
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, str) and value.lstrip("-").isdigit()
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None

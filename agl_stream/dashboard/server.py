@@ -1,0 +1,67 @@
+"""The dashboard's web server: the page (static files shipped in the package, nothing from a
+CDN), the JSON API of `openapi.ROUTES`, its OpenAPI document and the live event stream."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from aiohttp import web
+
+from agl_stream.config import DatabaseSettings
+from agl_stream.dashboard import api
+from agl_stream.dashboard.live import Changes
+from agl_stream.dashboard.openapi import ROUTES, document
+from agl_stream.queries import ReadModel
+
+STATIC = Path(__file__).parent / "static"
+
+
+def make_app(model: ReadModel, changes: Changes) -> web.Application:
+    app = web.Application(middlewares=[api.errors])
+    app[api.READ_MODEL] = model
+    for route in ROUTES:
+        app.router.add_get(route.path, route.handler)
+    spec = document()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(spec)
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    app.router.add_get("/api/openapi.json", openapi)
+    app.router.add_get("/api/live", changes.stream)
+    app.router.add_get("/", index)
+    app.router.add_static("/static", STATIC)
+    return app
+
+
+class Dashboard:
+    """The server, started and stopped around a read model of its own."""
+
+    def __init__(self, database: DatabaseSettings, read_model: str | None = None) -> None:
+        self.database = database
+        self.read_model = read_model
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._changes = Changes(database)
+        self._resources = AsyncExitStack()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        model = await self._resources.enter_async_context(
+            ReadModel.open(self.database, self.read_model)
+        )
+        await self._changes.start()
+        self._runner = web.AppRunner(make_app(model, self._changes), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.shutdown()
+            await self._runner.cleanup()
+        await self._changes.stop()
+        await self._resources.aclose()
