@@ -51,11 +51,15 @@ class PromptTemplate(Record):
 
 
 class Checkpoint(Record):
-    """Model weights by reference; the bytes never travel on a topic."""
+    """Model weights by reference; the bytes never travel on a topic. `format` is
+    "safetensors" (a whole Hugging Face model directory) or "peft" (a LoRA adapter directory,
+    applied to the model that `base_uri` names, whose content `base_content_hash` pins)."""
 
     uri: str = Field(min_length=1)
     content_hash: Annotated[str, AfterValidator(_content_hash)]
     format: str = "safetensors"
+    base_uri: str | None = None
+    base_content_hash: Annotated[str, AfterValidator(_content_hash)] | None = None
 
 
 Resource = LLM | PromptTemplate | Checkpoint

@@ -114,7 +114,7 @@ EVENT_STRATEGIES = {
         resources=st.dictionaries(text, st.one_of(
             st.builds(LLM, endpoint=ident, model=ident, sampling_parameters=st.dictionaries(text, finite, max_size=3)),
             st.builds(PromptTemplate, template=text, engine=st.sampled_from(TemplateEngine)),
-            st.builds(Checkpoint, uri=ident, content_hash=st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}"), format=ident),
+            st.builds(Checkpoint, uri=ident, content_hash=st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}"), format=ident, base_uri=st.none() | ident, base_content_hash=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")),
         ), max_size=3),
         published_by=st.none() | text, parent_resources_id=st.none() | ident, metadata=metadata, **common,
     ),
