@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -112,28 +112,36 @@ async def enqueue_batch(
     options: RolloutOptions | None = None,
     key: str | None = None,
     on_sent: Callable[[int], None] | None = None,
+    ids: Sequence[str] | None = None,
 ) -> Enqueued:
     """Queue one rollout per task input, safe to run again with the same `key`.
 
-    Rollout i's id is `rollout_ids(key, n)[i]` (a task input that is a dict with a string
-    "rollout_id" keeps that id). The rollouts go in transactions of CHUNK, each committing
-    how many are queued (and a digest of the inputs and options) as the offset of the
-    consumer group `<prefix>enqueue-<id prefix>`: a run cut off half-way leaves whole chunks
-    (never a part of one), a run with the same key queues only what is not queued yet, and
-    one with the same key but other inputs is refused; two at once fence each other. The
-    count is kept as long as Kafka keeps committed offsets (offsets.retention.minutes, 7
-    days by default): after that, the same key queues the same ids again. Without a key:
-    new rollouts with ids of their own, through a plain idempotent producer."""
+    Rollout i's id is `ids[i]` when given, else `rollout_ids(key, n)[i]` (a task input that
+    is a dict with a string "rollout_id" keeps that id). The rollouts go in transactions of
+    CHUNK, each committing how many are queued (and a digest of the inputs and options) as
+    the offset of the consumer group `<prefix>enqueue-<id prefix>`: a run cut off half-way
+    leaves whole chunks (never a part of one), a run with the same key queues only what is
+    not queued yet, and one with the same key but other inputs is refused; two at once fence
+    each other. The count is kept as long as Kafka keeps committed offsets
+    (offsets.retention.minutes, 7 days by default): after that, the same key queues the same
+    ids again. Without a key: new rollouts with ids of their own, through a plain idempotent
+    producer."""
     options = options or RolloutOptions()
     tasks = list(tasks)
-    ids = rollout_ids(key or uuid.uuid4().hex, len(tasks))
-    events = []
-    for task, default_id in zip(tasks, ids, strict=True):
-        own = task.get("rollout_id") if isinstance(task, dict) else None
-        events.append(make_rollout(task, options, own if isinstance(own, str) else default_id))
+    if ids is None:
+        derived = rollout_ids(key or uuid.uuid4().hex, len(tasks))
+        ids = [_own_id(task) or i for task, i in zip(tasks, derived, strict=True)]
+    elif len(ids) != len(tasks):
+        raise EnqueueError(f"{len(ids)} ids for {len(tasks)} task inputs")
+    events = [make_rollout(task, options, i) for task, i in zip(tasks, ids, strict=True)]
     if key is None:
         return Enqueued(await _queue_fresh(kafka, events, on_sent), len(events))
     return await _queue_keyed(kafka, key, batch_key(tasks, options), events, on_sent)
+
+
+def _own_id(task: Any) -> str | None:
+    own = task.get("rollout_id") if isinstance(task, dict) else None
+    return own if isinstance(own, str) else None
 
 
 async def _queue_fresh(

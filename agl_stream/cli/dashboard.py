@@ -19,18 +19,30 @@ from agl_stream.cli.common import (
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--read-model", help="Which read model to show. [default: the active one]")
+@click.option(
+    "--token",
+    envvar="AGL_STREAM_DASHBOARD_TOKEN",
+    metavar="TOKEN",
+    help="Require this bearer token for the API and allow cancel and requeue with it "
+    "(env AGL_STREAM_DASHBOARD_TOKEN). [default: none: open and read-only]",
+)
 @click.pass_obj
 @friendly_errors
-def dashboard(app: AppContext, /, host: str, port: int, read_model: str | None) -> None:
+def dashboard(
+    app: AppContext, /, host: str, port: int, read_model: str | None, token: str | None
+) -> None:
     """Serve the dashboard: training runs with their reward curves, rollouts (filters, search
     by id, pages), a rollout's attempts and span waterfall with its LLM calls as chats,
-    workers and resources versions, updating live as the projector writes. Its JSON API is
-    described at /api/openapi.json. Read-only."""
+    workers, resources versions and dead letters, updating live as the projector writes. Its
+    JSON API is described at /api/openapi.json. Read-only unless started with a token."""
     from agl_stream.dashboard.server import Dashboard
+
+    if token is not None and len(token) < 16:
+        raise click.BadParameter("use at least 16 characters", param_hint="--token")
 
     async def main() -> None:
         stop = stop_on_signals()
-        server = Dashboard(app.database(), read_model)
+        server = Dashboard(app.database(), app.kafka(), read_model, token)
         with listening_on(f"{host}:{port}"):
             url = await server.start(host, port)
         console.print(f"dashboard on {url}/ (API: {url}/api/openapi.json)", highlight=False)

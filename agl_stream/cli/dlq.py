@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import click
-from aiokafka import TopicPartition
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
-from agl_stream.config import KafkaSettings
-from agl_stream.dead_letters import DeadLetterView
-from agl_stream.kafka import end_offsets
-from agl_stream.streams import read_records
-
-
-async def read_dead_letters(settings: KafkaSettings, limit: int) -> list[DeadLetterView]:
-    """The newest `limit` dead letters, oldest first."""
-    topic = settings.topic("dlq")
-    tp = TopicPartition(topic, 0)
-    ends = await end_offsets(settings, [tp])
-    return [
-        DeadLetterView.parse(record.headers or (), record.value, record.offset)
-        async for record in read_records(settings, {tp: max(ends[tp] - limit, 0)}, ends)
-    ]
+from agl_stream.queries.dead_letters import read_dead_letters
 
 
 @click.group()

@@ -14,6 +14,7 @@ from agl_stream.cli import (
     enqueue,
     query,
     replay,
+    requeue,
     resources,
     schemas,
     serving,
@@ -71,6 +72,7 @@ cli.add_command(dlq.dlq)
 cli.add_command(db.db)
 cli.add_command(enqueue.enqueue_command)
 cli.add_command(cancel.cancel_command)
+cli.add_command(requeue.requeue_command)
 cli.add_command(worker.worker)
 cli.add_command(query.query)
 cli.add_command(resources.resources)

@@ -7,15 +7,39 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from pydantic import BaseModel
 
+from agl_stream.codec import Codec, DecodeError
+from agl_stream.config import KafkaSettings
 from agl_stream.dashboard.runs import runs_from_versions
+from agl_stream.dead_letters import DeadLetterView
 from agl_stream.queries import NotFound, QueryError, ReadModel
+from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.queries.params import RolloutFilter
 
 READ_MODEL = web.AppKey("read_model", ReadModel)
+KAFKA = web.AppKey("kafka", KafkaSettings)
+ACTIONS = web.AppKey("actions", bool)  # cancel and requeue allowed (a token is configured)
 ROLLOUT_PARAMETERS = frozenset(RolloutFilter.model_fields) | {"id"}
+MAX_DEAD_LETTERS = 1_000
+PREVIEW_BYTES = 2_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_codec = Codec()
+
+
+class DeadLetter(BaseModel):
+    dlq_offset: int
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    reason: str
+    kind: str
+    consumer: str
+    at: str
+    size: int | None  # bytes of the record's value; None for a record without one
+    event: dict[str, Any] | None  # the value decoded, where it still decodes
+    preview: str  # the value's first bytes as text (undecodable bytes escaped)
 
 
 def _json(value: Any) -> web.Response:
@@ -42,6 +66,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(404, str(exc))
     except QueryError as exc:
         return error(400, str(exc))
+    except KafkaConnectionError as exc:
+        return error(503, f"cannot reach the Kafka brokers: {exc}")
+    except KafkaError as exc:
+        return error(503, f"the broker refused: {exc}")
 
 
 def _only(request: web.Request, allowed: frozenset[str] | set[str]) -> None:
@@ -145,4 +173,40 @@ async def overview(request: web.Request) -> web.Response:
     roles: dict[str, int] = {}
     for worker in alive:
         roles[worker.role] = roles.get(worker.role, 0) + 1
-    return _json({"read_model": model.schema, "status_counts": counts, "workers_alive": roles})
+    return _json(
+        {
+            "read_model": model.schema,
+            "status_counts": counts,
+            "workers_alive": roles,
+            "actions": request.app[ACTIONS],
+        }
+    )
+
+
+async def dead_letters(request: web.Request) -> web.Response:
+    _only(request, {"limit"})
+    limit = _int(request, "limit", 100)
+    if not 1 <= limit <= MAX_DEAD_LETTERS:
+        raise QueryError(f"limit must be between 1 and {MAX_DEAD_LETTERS}, got {limit}")
+    letters = await read_dead_letters(request.app[KAFKA], limit)
+    return _json([dead_letter(x) for x in reversed(letters)])  # newest first
+
+
+def dead_letter(view: DeadLetterView) -> DeadLetter:
+    """A dead letter as the page shows it (pure): its reason, and its value decoded where
+    it still decodes, else its first bytes."""
+    value = view.value
+    event: dict[str, Any] | None = None
+    if value is not None:
+        try:
+            event = {"type": type(decoded := _codec.decode(value)).__name__}
+            event |= decoded.model_dump(mode="json")
+        except DecodeError:
+            event = None
+    preview = "" if value is None else value[:PREVIEW_BYTES].decode("utf-8", "backslashreplace")
+    return DeadLetter(
+        dlq_offset=view.dlq_offset, source_topic=view.source_topic,
+        source_partition=view.source_partition, source_offset=view.source_offset,
+        reason=view.reason, kind=view.kind, consumer=view.consumer, at=view.at,
+        size=None if value is None else len(value), event=event, preview=preview,
+    )  # fmt: skip

@@ -4,13 +4,13 @@ document is built from them and from the read model's pydantic models, so neithe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from agl_stream import __version__
-from agl_stream.dashboard import api
+from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.runs import Run
 from agl_stream.queries.models import Attempt, Page, Resources, Rollout, Span, Worker
 from agl_stream.queries.params import MAX_LIMIT, MODES, ROLLOUT_STATUSES, SORTS
@@ -25,6 +25,11 @@ class Overview(BaseModel):
     read_model: str
     status_counts: dict[str, int]
     workers_alive: dict[str, int]
+    actions: bool  # cancel and requeue allowed (a token is configured)
+
+
+class SessionDone(BaseModel):
+    ok: bool
 
 
 class ErrorBody(BaseModel):
@@ -47,6 +52,12 @@ class Route:
     response: type[BaseModel]
     many: bool = False  # a JSON array of `response`
     params: list[Param] = field(default_factory=list)
+    method: str = "get"
+    body: type[BaseModel] | None = None  # a JSON request body
+    ok: int = 200
+    errors: dict[int, str] = field(
+        default_factory=lambda: {400: "A bad parameter; the error names it", 404: "Not found"}
+    )
 
 
 def _strings(values: tuple[str, ...]) -> dict[str, Any]:
@@ -126,31 +137,89 @@ ROUTES = [
             Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
         ],
     ),
+    Route(
+        "/api/dead-letters",
+        api.dead_letters,
+        "The newest dead letters, with their reasons",
+        api.DeadLetter,
+        many=True,
+        params=[Param("limit", {"type": "integer", "minimum": 1, "maximum": api.MAX_DEAD_LETTERS})],
+        errors={400: "A bad parameter", 503: "The broker cannot be reached"},
+    ),
+    Route(
+        "/api/rollouts/{rollout_id}/cancel",
+        actions.cancel_rollout,
+        "Cancel an open rollout (needs the token)",
+        actions.ActionDone,
+        params=[ROLLOUT_ID],
+        method="post",
+        body=actions.CancelRequest,
+        ok=202,
+        errors={
+            400: "A bad body",
+            401: "No token or a wrong one",
+            403: "The dashboard is read-only",
+            404: "No such rollout",
+            409: "The rollout is finished already",
+        },
+    ),
+    Route(
+        "/api/rollouts/{rollout_id}/requeue",
+        actions.requeue_rollout,
+        "Run a finished rollout again as a new rollout (needs the token)",
+        actions.ActionDone,
+        params=[ROLLOUT_ID],
+        method="post",
+        ok=202,
+        errors={
+            401: "No token or a wrong one",
+            403: "The dashboard is read-only",
+            404: "No such rollout",
+            409: "The rollout has not finished",
+        },
+    ),
+    Route(
+        "/api/session",
+        actions.session,
+        "Log the page in: sets the cookie its event stream sends",
+        SessionDone,
+        method="post",
+        body=actions.SessionRequest,
+        errors={400: "No token is configured, or a bad body", 401: "Wrong token"},
+    ),
 ]
 
 
 def document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [r.response for r in ROUTES] + [ErrorBody]
-    refs, schemas = models_json_schema(
-        [(m, "serialization") for m in models], ref_template="#/components/schemas/{model}"
-    )
+    out: Literal["serialization"] = "serialization"
+    into: Literal["validation"] = "validation"
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(r.response, out) for r in ROUTES]
+    models += [(ErrorBody, out)] + [(r.body, into) for r in ROUTES if r.body is not None]
+    refs, schemas = models_json_schema(models, ref_template="#/components/schemas/{model}")
     paths: dict[str, Any] = {}
+    error = {"content": {"application/json": {"schema": refs[(ErrorBody, "serialization")]}}}
     for route in ROUTES:
-        body = refs[(route.response, "serialization")]
+        answer = refs[(route.response, "serialization")]
         if route.many:
-            body = {"type": "array", "items": body}
-        error = {"content": {"application/json": {"schema": refs[(ErrorBody, "serialization")]}}}
-        paths[route.path] = {
-            "get": {
-                "summary": route.summary,
-                "parameters": [_parameter(p) for p in route.params],
-                "responses": {
-                    "200": {"description": "OK", "content": {"application/json": {"schema": body}}},
-                    "400": {"description": "A bad parameter; the error names it", **error},
-                    "404": {"description": "No such rollout", **error},
-                },
+            answer = {"type": "array", "items": answer}
+        responses = {
+            str(route.ok): {
+                "description": "OK",
+                "content": {"application/json": {"schema": answer}},
             }
         }
+        responses |= {
+            str(code): {"description": text, **error} for code, text in route.errors.items()
+        }
+        operation: dict[str, Any] = {
+            "summary": route.summary,
+            "parameters": [_parameter(p) for p in route.params],
+            "responses": responses,
+        }
+        if route.body is not None:
+            schema = refs[(route.body, "validation")]
+            operation["requestBody"] = {"content": {"application/json": {"schema": schema}}}
+        paths.setdefault(route.path, {})[route.method] = operation
     paths["/api/live"] = {
         "get": {
             "summary": "Server-sent events: `changed` each time the read model changes",
@@ -164,7 +233,12 @@ def document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "agl-stream dashboard API", "version": __version__},
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
+        },
+        # Only where the dashboard was started with a token; the page logs in once.
+        "security": [{}, {"token": []}],
     }
 
 

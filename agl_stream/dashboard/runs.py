@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 from pydantic import BaseModel
@@ -21,6 +22,7 @@ class RunPoint(BaseModel):
     published_at: datetime
     reward: float | None  # GRPO: the step's mean reward; APO: the best prompt's val score
     counts: dict[str, int]
+    samples_per_second: float | None = None  # samples over the time since the previous point
 
 
 class Run(BaseModel):
@@ -42,8 +44,8 @@ def runs_from_versions(versions: Iterable[Resources]) -> list[Run]:
             key, point = found
             grouped.setdefault(key, []).append(point)
     runs = []
-    for (algorithm, name), points in grouped.items():
-        points.sort(key=lambda p: (p.step, p.published_at))
+    for (algorithm, name), unordered in grouped.items():
+        points = _with_throughput(sorted(unordered, key=lambda p: (p.step, p.published_at)))
         times = [p.published_at for p in points]
         rewards = [p.reward for p in points if p.reward is not None]
         runs.append(
@@ -59,6 +61,16 @@ def runs_from_versions(versions: Iterable[Resources]) -> list[Run]:
         )
     runs.sort(key=lambda r: r.last_published_at, reverse=True)
     return runs
+
+
+def _with_throughput(points: list[RunPoint]) -> list[RunPoint]:
+    out = points[:1]
+    for before, point in pairwise(points):
+        seconds = (point.published_at - before.published_at).total_seconds()
+        samples = point.counts.get("samples")
+        rate = samples / seconds if samples is not None and seconds > 0 else None
+        out.append(point.model_copy(update={"samples_per_second": rate}))
+    return out
 
 
 def _point(version: Resources) -> tuple[tuple[str, str], RunPoint] | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agl_stream.config import DatabaseSettings
-from agl_stream.dashboard import api
+from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.live import Changes
 from agl_stream.dashboard.openapi import ROUTES, document
 from agl_stream.queries import ReadModel
@@ -17,11 +17,19 @@ from agl_stream.queries import ReadModel
 STATIC = Path(__file__).parent / "static"
 
 
-def make_app(model: ReadModel, changes: Changes) -> web.Application:
-    app = web.Application(middlewares=[api.errors])
+def make_app(
+    model: ReadModel, changes: Changes, kafka: KafkaSettings, token: str | None
+) -> web.Application:
+    app = web.Application(
+        middlewares=[actions.authenticate, api.errors], client_max_size=actions.MAX_BODY
+    )
     app[api.READ_MODEL] = model
+    app[api.KAFKA] = kafka
+    app[api.ACTIONS] = bool(token)
+    if token:
+        app[actions.TOKEN] = token
     for route in ROUTES:
-        app.router.add_get(route.path, route.handler)
+        app.router.add_route(route.method.upper(), route.path, route.handler)
     spec = document()
 
     async def openapi(request: web.Request) -> web.Response:
@@ -40,9 +48,17 @@ def make_app(model: ReadModel, changes: Changes) -> web.Application:
 class Dashboard:
     """The server, started and stopped around a read model of its own."""
 
-    def __init__(self, database: DatabaseSettings, read_model: str | None = None) -> None:
+    def __init__(
+        self,
+        database: DatabaseSettings,
+        kafka: KafkaSettings,
+        read_model: str | None = None,
+        token: str | None = None,
+    ) -> None:
         self.database = database
+        self.kafka = kafka
         self.read_model = read_model
+        self.token = token
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._changes = Changes(database)
@@ -53,7 +69,9 @@ class Dashboard:
             ReadModel.open(self.database, self.read_model)
         )
         await self._changes.start()
-        self._runner = web.AppRunner(make_app(model, self._changes), access_log=None)
+        self._runner = web.AppRunner(
+            make_app(model, self._changes, self.kafka, self.token), access_log=None
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
         self.url = f"http://{host}:{self._runner.addresses[0][1]}"

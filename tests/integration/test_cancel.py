@@ -102,3 +102,36 @@ async def test_a_runner_with_every_slot_busy_still_reads_cancels(kafka: KafkaSet
         await cancel(kafka, busy + waiting, reason="stop", requested_by="pytest")
         h = await wait_terminal(kafka, busy + waiting, 60)
     assert [h.final(i).status for i in busy + waiting] == [RolloutStatus.CANCELLED] * 2  # type: ignore[union-attr]
+
+
+async def test_requeue_through_the_cli(kafka: KafkaSettings, database: DatabaseSettings) -> None:
+    cli = (
+        "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+        "--database-url", database.database_url.get_secret_value(), "requeue",
+    )  # fmt: skip
+    async with projector_in_process(kafka, database), runner_in_process(kafka):
+        done = await queue(kafka, [{"reward": 0.5}, {"fail_on_attempts": [1]}], mode="val")
+        (busy,) = await queue(kafka, [{"stall": 60, "spans": 1}])
+        async with ReadModel.open(database) as rm:
+            await rm.wait_for_rollouts(done, within=60)
+        await eventually(lambda: _projected(database, [busy]), 30, "the stalled one projected")
+
+        refused = await invoke_cli(*cli, done[0], "ro-never-queued")
+        assert refused.exit_code == 1 and "no rollout 'ro-never-queued'" in refused.output
+        refused = await invoke_cli(*cli, busy)
+        assert refused.exit_code == 2 and "only finished rollouts can be requeued" in refused.output
+        first = await invoke_cli(*cli, *done)
+        assert first.exit_code == 0, first.output
+        copies = dict(line.split(" -> ") for line in first.stdout.splitlines())
+        assert list(copies) == done and not set(copies.values()) & set(done)
+        again = await invoke_cli(*cli, *done)
+        assert again.stdout == first.stdout  # no second copy
+        async with ReadModel.open(database) as rm:
+            await rm.wait_for_rollouts(list(copies.values()), within=60)
+            found = await rm.rollouts_by_id(copies.values())
+            for original, copy in copies.items():
+                assert found[copy].metadata == {"requeued_from": original}
+                assert found[copy].mode == "val"
+            assert found[copies[done[0]]].status == "succeeded"
+            assert found[copies[done[1]]].status == "failed"
+        await cancel(kafka, [busy])

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.codec import Codec
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.events import AttemptStatus
 from agl_stream.queries import ReadModel
+from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from tests.integration.backends import Backend
 from tests.integration.bad_records import EXPECTED_KIND

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import DeadLetterView
@@ -16,6 +15,7 @@ from agl_stream.kafka import consumer, producer
 from agl_stream.projection.apply import CONVERTERS
 from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
 from agl_stream.projection.rows import SpanRow
+from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.streams import Batch, Converter, EventPublisher, EventStream, Topics
 from tests.integration.bad_records import EVENT_TOPICS, EXPECTED_KIND, bad_records
 from tests.integration.helpers import eventually, examples

@@ -13,7 +13,6 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.config import KafkaSettings
 from agl_stream.events import (
     AttemptStatus,
@@ -23,6 +22,7 @@ from agl_stream.events import (
     RolloutStatus,
 )
 from agl_stream.kafka import admin_client, end_offsets, producer
+from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.runner import worker
 from agl_stream.runner.lane import committed_checkpoint
 from agl_stream.streams import EventPublisher, Topics

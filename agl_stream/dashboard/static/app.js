@@ -17,15 +17,41 @@ const el = (tag, attrs = {}, ...children) => {
   return node;
 };
 
-async function api(path, params) {
+class Unauthorized extends Error {}
+
+const token = () => sessionStorage.getItem("agl-token");
+const authHeaders = () => (token() ? { Authorization: `Bearer ${token()}` } : {});
+
+async function api(path, params, method = "GET", body = undefined) {
   const url = new URL(path, location.origin);
   for (const [key, value] of Object.entries(params || {})) {
     for (const item of [].concat(value)) if (item !== "" && item !== undefined && item !== null) url.searchParams.append(key, item);
   }
-  const response = await fetch(url);
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
-  return body;
+  const headers = { ...authHeaders(), ...(body === undefined ? {} : { "Content-Type": "application/json" }) };
+  const response = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const answer = await response.json();
+  if (response.status === 401) throw new Unauthorized(answer.error || "this dashboard needs its token");
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+function loginView(message) {
+  const submit = async (event) => {
+    event.preventDefault();
+    const value = new FormData(event.target).get("token");
+    try {
+      await api("/api/session", {}, "POST", { token: value });
+      sessionStorage.setItem("agl-token", value);
+      live();
+      render();
+    } catch (error) {
+      event.target.querySelector(".error").textContent = error.message;
+    }
+  };
+  return [el("h2", {}, "Token needed"), el("p", { class: "muted" }, message),
+    el("form", { class: "login", onsubmit: submit },
+      el("label", {}, "token", el("input", { name: "token", type: "password", autocomplete: "current-password" })),
+      el("button", { type: "submit" }, "Open"), el("p", { class: "error" }))];
 }
 
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
@@ -68,12 +94,15 @@ async function runsView() {
     runs.map((run) => {
       const last = run.points[run.points.length - 1];
       const counts = Object.entries(last.counts).map(([k, v]) => `${k} ${v}`).join(", ");
+      const rate = last.samples_per_second === null || last.samples_per_second === undefined ? "" : `, ${num(last.samples_per_second, 1)} samples/s`;
       return el("div", { class: "card run", "data-run": run.name },
         el("h3", {}, `${run.name} `, el("span", { class: "muted" }, `${run.algorithm}, ${run.versions} versions`)),
         el("p", {}, `latest reward `, el("strong", { class: "latest-reward" }, num(run.latest_reward)),
-          ` at ${run.algorithm === "apo" ? "round" : "step"} ${last.step}, ${when(run.last_published_at)}`,
+          ` at ${run.algorithm === "apo" ? "round" : "step"} `, el("span", { class: "latest-step" }, last.step),
+          `, ${when(run.last_published_at)}${rate}`,
           counts ? el("span", { class: "muted" }, ` (${counts})`) : null),
-        curve(run.points));
+        curve(run.points),
+        el("p", { class: "muted" }, "versions: ", run.points.slice(-8).map((p) => p.resources_id).join(" · ")));
     }),
   ];
 }
@@ -173,6 +202,24 @@ function waterfall(spans) {
     el("div", { class: "waterfall" }, rows), detail);
 }
 
+function actionsBar(r) {
+  if (!state.actions) return null;
+  const note = el("span", { class: "muted action-result" });
+  const act = (action, body) => async () => {
+    try {
+      const done = await api(`/api/rollouts/${encodeURIComponent(r.rollout_id)}/${action}`, {}, "POST", body);
+      note.textContent = done.requeued_as ? `requeued as ${done.requeued_as}` : `${action} requested`;
+      if (done.requeued_as) note.append(" ", el("a", { href: `#/rollout/${encodeURIComponent(done.requeued_as)}` }, "open"));
+    } catch (error) {
+      note.textContent = error.message;
+    }
+  };
+  const open = ["queuing", "requeuing", "running"].includes(r.status);
+  return el("p", { class: "actions" },
+    open ? el("button", { class: "cancel", onclick: act("cancel", { reason: "cancelled from the dashboard" }) }, "Cancel") : null,
+    open ? null : el("button", { class: "requeue", onclick: act("requeue") }, "Requeue"), " ", note);
+}
+
 async function rolloutView(rolloutId, attemptId) {
   const detail = await api(`/api/rollouts/${encodeURIComponent(rolloutId)}`);
   const r = detail.rollout;
@@ -187,7 +234,7 @@ async function rolloutView(rolloutId, attemptId) {
     el("h2", {}, `Rollout ${r.rollout_id}`),
     el("div", { class: "card" },
       el("p", {}, "status ", el("strong", { class: `status-${r.status}` }, r.status), ` · mode ${r.mode || ""} · reward ${num(r.reward)} · resources ${r.resources_id || r.attempt_resources_id || ""}`),
-      el("pre", {}, JSON.stringify(r.input, null, 2))),
+      el("pre", {}, JSON.stringify(r.input, null, 2)), actionsBar(r)),
     el("h3", {}, "Attempts"),
     table(["#", "status", "worker", "reward", "spans", "started", "error"], attempts),
     el("h3", {}, "Spans"),
@@ -199,10 +246,25 @@ async function rolloutView(rolloutId, attemptId) {
 
 async function workersView() {
   const workers = await api("/api/workers");
-  return [el("h2", {}, "Workers"), table(["worker", "role", "status", "health", "current rollouts", "counts", "last heartbeat"],
-    workers.map((w) => el("tr", {}, el("td", {}, w.worker_id), el("td", {}, w.role), el("td", {}, w.status),
-      el("td", { class: `health-${w.health}` }, w.health), el("td", {}, w.current_rollouts.length),
-      el("td", {}, Object.entries(w.counts).slice(0, 6).map(([k, v]) => `${k} ${v}`).join(", ")), el("td", {}, when(w.last_heartbeat_at)))))];
+  const rolloutLinks = (ids) => ids.slice(0, 5).flatMap((id) => [el("a", { href: `#/rollout/${encodeURIComponent(id)}` }, id), " "]);
+  return [el("h2", {}, "Workers"), table(["worker", "role", "status", "health", "current rollouts", "lag", "counts", "last heartbeat"],
+    workers.map((w) => el("tr", { "data-worker": w.worker_id }, el("td", {}, w.worker_id), el("td", {}, w.role), el("td", {}, w.status),
+      el("td", { class: `health-${w.health}` }, w.health),
+      el("td", {}, `${w.current_rollouts.length} `, rolloutLinks(w.current_rollouts)),
+      el("td", {}, w.counts.lag ?? ""),
+      el("td", {}, Object.entries(w.counts).filter(([k]) => k !== "lag").slice(0, 6).map(([k, v]) => `${k} ${v}`).join(", ")),
+      el("td", {}, when(w.last_heartbeat_at)))))];
+}
+
+async function deadLettersView() {
+  const letters = await api("/api/dead-letters", { limit: 200 });
+  if (!letters.length) return [el("h2", {}, "Dead letters"), el("p", { class: "muted empty" }, "No dead letters.")];
+  return [el("h2", {}, "Dead letters"), table(["#", "from", "kind", "reason", "consumer", "at", "value"],
+    letters.map((d) => el("tr", { "data-dead-letter": d.dlq_offset }, el("td", {}, d.dlq_offset),
+      el("td", {}, `${d.source_topic}[${d.source_partition}]@${d.source_offset}`), el("td", {}, d.kind),
+      el("td", { class: "reason" }, d.reason), el("td", {}, d.consumer), el("td", {}, d.at),
+      el("td", {}, el("details", {}, el("summary", {}, d.size === null ? "no value" : `${d.size} bytes${d.event ? ", " + d.event.type : ""}`),
+        el("pre", {}, d.event ? JSON.stringify(d.event, null, 2) : d.preview))))))];
 }
 
 function lineDiff(before, after) {
@@ -236,6 +298,7 @@ async function resourcesView() {
 async function overview() {
   try {
     const o = await api("/api/overview");
+    state.actions = o.actions;
     const counts = Object.entries(o.status_counts).map(([s, n]) => `${n} ${s}`).join(" · ") || "no rollouts";
     const workers = Object.entries(o.workers_alive).map(([r, n]) => `${n} ${r}`).join(", ") || "none";
     document.getElementById("overview").textContent = `${counts} — workers alive: ${workers}`;
@@ -250,23 +313,29 @@ function render() {
     const [, name, ...rest] = location.hash.replace(/^#/, "").split("/");
     const current = name || "runs";
     document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === current));
-    const views = { runs: runsView, rollouts: rolloutsView, rollout: () => rolloutView(...rest.map(decodeURIComponent)), workers: workersView, resources: resourcesView };
+    const views = {
+      runs: runsView, rollouts: rolloutsView, rollout: () => rolloutView(...rest.map(decodeURIComponent)),
+      workers: workersView, resources: resourcesView, "dead-letters": deadLettersView,
+    };
     try {
+      if (state.actions === undefined) await overview();
       const content = await (views[current] || runsView)();
       const keep = document.activeElement && view.contains(document.activeElement) && current === "rollouts";
       if (!keep) view.replaceChildren(...[].concat(content));
       view.dataset.rendered = String(Number(view.dataset.rendered || 0) + 1);
     } catch (error) {
-      view.replaceChildren(el("p", { class: "error" }, error.message));
+      view.replaceChildren(...[].concat(error instanceof Unauthorized ? loginView(error.message) : el("p", { class: "error" }, error.message)));
     }
     await overview();
   });
   return rendering;
 }
 
+let source = null;
 function live() {
   const badge = document.getElementById("live");
-  const source = new EventSource("/api/live");
+  if (source) source.close();
+  source = new EventSource("/api/live");
   source.addEventListener("open", () => { badge.textContent = "● live"; badge.className = "on"; });
   source.addEventListener("error", () => { badge.textContent = "○ reconnecting"; badge.className = ""; });
   source.addEventListener("changed", () => render());
