@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install up down status demo test unit integration chaos soak bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test unit integration chaos soak bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -23,6 +23,17 @@ $(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/e
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
+
+# The dashboard's browser tests drive Debian's Chromium (Playwright's own download cannot
+# run here); installing it needs root, so it is a target of its own that CI runs.
+browser:  ## install Debian's Chromium for the dashboard's browser tests (as root)
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+			|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+		else echo "make browser: installing Chromium needs root (apt-get install chromium)"; exit 1; fi; }
+
+screenshots: $(STAMP) browser  ## the dashboard's screenshots in docs/dashboard/ (a short training run in a browser)
+	AGL_STREAM_SCREENSHOTS=docs/dashboard AGL_STREAM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests/integration/test_dashboard_browser.py -k embedded
 
 up: $(STAMP)  ## start the embedded Apache Kafka and PostgreSQL, apply topics and the schema
 	$(BIN)/agl-stream up

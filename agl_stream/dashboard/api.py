@@ -21,7 +21,7 @@ from agl_stream.queries.params import RolloutFilter
 READ_MODEL = web.AppKey("read_model", ReadModel)
 KAFKA = web.AppKey("kafka", KafkaSettings)
 ACTIONS = web.AppKey("actions", bool)  # cancel and requeue allowed (a token is configured)
-ROLLOUT_PARAMETERS = frozenset(RolloutFilter.model_fields) | {"id"}
+ROLLOUT_PARAMETERS = frozenset(RolloutFilter.model_fields)
 MAX_DEAD_LETTERS = 1_000
 PREVIEW_BYTES = 2_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -88,13 +88,20 @@ def _int(request: web.Request, name: str, default: int) -> int:
         raise QueryError(f"{name} must be a whole number, got {raw!r}") from None
 
 
+def _bool(name: str, raw: str) -> bool:
+    value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
+    if value is None:
+        raise QueryError(f"{name} must be true or false, got {raw!r}")
+    return value
+
+
 def rollout_filter(request: web.Request) -> RolloutFilter:
     """The query string as a RolloutFilter (repeat status, mode and metadata for several;
     metadata as key=value, or key alone for 'present')."""
     _only(request, ROLLOUT_PARAMETERS)
     q = request.query
     options: dict[str, Any] = {
-        k: v for k, v in q.items() if k not in ("status", "mode", "metadata", "id")
+        k: v for k, v in q.items() if k not in ("status", "mode", "metadata")
     }
     options["status"] = tuple(q.getall("status", []))
     options["mode"] = tuple(q.getall("mode", []))
@@ -104,21 +111,12 @@ def rollout_filter(request: web.Request) -> RolloutFilter:
         metadata[key] = value if sep else None
     options["metadata"] = metadata
     if "descending" in options:
-        options["descending"] = options["descending"].lower() in ("1", "true", "yes")
+        options["descending"] = _bool("descending", options["descending"])
     return RolloutFilter.of(**options)
 
 
 async def rollouts(request: web.Request) -> web.Response:
-    model = request.app[READ_MODEL]
-    rollout_id = request.query.get("id")
-    if rollout_id:  # a search by id: the page of that one rollout, or an empty one
-        _only(request, {"id"})
-        try:
-            found = [await model.rollout(rollout_id)]
-        except NotFound:
-            found = []
-        return _json({"items": [r.model_dump(mode="json") for r in found], "next_cursor": None})
-    return _json(await model.rollouts(rollout_filter(request)))
+    return _json(await request.app[READ_MODEL].rollouts(rollout_filter(request)))
 
 
 async def rollout(request: web.Request) -> web.Response:

@@ -54,6 +54,7 @@ class Route:
     params: list[Param] = field(default_factory=list)
     method: str = "get"
     body: type[BaseModel] | None = None  # a JSON request body
+    body_required: bool = False  # else an empty body reads as {}
     ok: int = 200
     errors: dict[int, str] = field(
         default_factory=lambda: {400: "A bad parameter; the error names it", 404: "Not found"}
@@ -95,8 +96,7 @@ ROUTES = [
             Param("sort", {"type": "string", "enum": list(SORTS)}),
             Param("descending", {"type": "boolean"}),
             Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
-            Param("cursor", {"type": "string"}),
-            Param("id", {"type": "string"}, "search by id (alone)"),
+            Param("cursor", {"type": "string"}, "a page's next_cursor, as it came"),
         ],
     ),
     Route(
@@ -185,6 +185,7 @@ ROUTES = [
         SessionDone,
         method="post",
         body=actions.SessionRequest,
+        body_required=True,
         errors={400: "No token is configured, or a bad body", 401: "Wrong token"},
     ),
 ]
@@ -218,7 +219,10 @@ def document() -> dict[str, Any]:
         }
         if route.body is not None:
             schema = refs[(route.body, "validation")]
-            operation["requestBody"] = {"content": {"application/json": {"schema": schema}}}
+            operation["requestBody"] = {
+                "required": route.body_required,
+                "content": {"application/json": {"schema": schema}},
+            }
         paths.setdefault(route.path, {})[route.method] = operation
     paths["/api/live"] = {
         "get": {

@@ -142,10 +142,6 @@ async def test_the_api_answers_what_the_page_shows(
             cursor=page["next_cursor"],
         )
         assert {page["items"][0]["rollout_id"], rest["items"][0]["rollout_id"]} == set(train)
-        _, found = await get(http, f"{dashboard}/api/rollouts", id=val)
-        assert [r["rollout_id"] for r in found["items"]] == [val]
-        _, found = await get(http, f"{dashboard}/api/rollouts", id="ro-nope")
-        assert found["items"] == []
 
         status, detail = await get(http, f"{dashboard}/api/rollouts/{val}")
         assert status == 200

@@ -136,13 +136,21 @@ function filtersForm() {
     el("button", { type: "submit" }, "Filter"));
 }
 
+async function byId(rolloutId) {  // a search by id: that rollout, or none
+  const response = await fetch(`/api/rollouts/${encodeURIComponent(rolloutId)}`, { headers: authHeaders() });
+  if (response.status === 404) return { items: [], next_cursor: null };
+  if (response.status === 401) throw new Unauthorized("this dashboard needs its token");
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return { items: [body.rollout], next_cursor: null };
+}
+
 async function rolloutsView() {
   const { filters, cursors } = state.rollouts;
   const cursor = cursors[cursors.length - 1];
-  const params = filters.id ? { id: filters.id } : { ...filters, id: undefined, cursor, descending: "true", limit: 50 };
   let page;
   try {
-    page = await api("/api/rollouts", params);
+    page = filters.id ? await byId(filters.id) : await api("/api/rollouts", { ...filters, id: undefined, cursor, descending: "true", limit: 50 });
   } catch (error) {
     return [el("h2", {}, "Rollouts"), filtersForm(), el("p", { class: "error" }, error.message)];
   }
@@ -308,7 +316,9 @@ async function overview() {
 }
 
 let rendering = Promise.resolve();
-function render() {
+// A live update (`fromLive`) leaves the rollouts view alone while the person is in its
+// filter form; anything the person did renders at once.
+function render(fromLive = false) {
   rendering = rendering.then(async () => {
     const [, name, ...rest] = location.hash.replace(/^#/, "").split("/");
     const current = name || "runs";
@@ -320,11 +330,11 @@ function render() {
     try {
       if (state.actions === undefined) await overview();
       const content = await (views[current] || runsView)();
-      const keep = document.activeElement && view.contains(document.activeElement) && current === "rollouts";
-      if (!keep) view.replaceChildren(...[].concat(content));
+      const keep = fromLive && current === "rollouts" && document.activeElement && document.activeElement.closest("form.filters");
+      if (!keep) view.replaceChildren(...[content].flat(Infinity).filter((x) => x !== null && x !== undefined));
       view.dataset.rendered = String(Number(view.dataset.rendered || 0) + 1);
     } catch (error) {
-      view.replaceChildren(...[].concat(error instanceof Unauthorized ? loginView(error.message) : el("p", { class: "error" }, error.message)));
+      view.replaceChildren(...[error instanceof Unauthorized ? loginView(error.message) : el("p", { class: "error" }, error.message)].flat());
     }
     await overview();
   });
@@ -338,9 +348,9 @@ function live() {
   source = new EventSource("/api/live");
   source.addEventListener("open", () => { badge.textContent = "● live"; badge.className = "on"; });
   source.addEventListener("error", () => { badge.textContent = "○ reconnecting"; badge.className = ""; });
-  source.addEventListener("changed", () => render());
+  source.addEventListener("changed", () => render(true));
 }
 
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => render());
 render();
 live();
