@@ -221,6 +221,33 @@ class StackSettings(_Settings):
         return self
 
 
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class TorchSettings(_Settings):
+    """Where and in what precision torch runs a model: the trainer, retrain, the policy
+    server and the in-process sampler. Whether the device exists is checked when the model
+    is placed (agl_stream/training/device.py), with a sentence naming the setting."""
+
+    device: str = Field(
+        default="auto", description="auto (a CUDA device if torch sees one), cpu, cuda or cuda:N."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Weights' precision; auto: bfloat16 on a GPU that has it, else float32.",
+    )
+    threads: int | None = Field(
+        default=None, ge=1, description="torch's intra-op threads. [default: the role's own]"
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
+
+
 S = TypeVar("S", bound=_Settings)
 
 # Which flag sets each setting, for error messages.
@@ -232,6 +259,9 @@ FLAGS = {
     "broker_port": "--broker-port",
     "postgres_port": "--postgres-port",
     "kafka_nodes": "--kafka-nodes",
+    "device": "--device",
+    "dtype": "--dtype",
+    "threads": "--threads",
 }
 SECRET_FIELDS = {"sasl_password", "ssl_password", "database_url"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -52,6 +53,22 @@ def chaos_echo(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> fl
     time.sleep(float(task.get("sleep", 0)))
     if rollout.attempt_number in task.get("fail_on_attempts", []):
         raise ValueError(f"told to fail attempt {rollout.attempt_number}")
+    set_threads(1)
+    answer = local_llm(policy).complete(
+        f"<bos> {task['letter']}", max_new_tokens=ANSWER_WORDS, resources_id=rollout.resources_id
+    )
+    return score(task["letter"], answer.text)
+
+
+HELD = threading.Event()  # a test sets it to let `held_echo`'s held rollouts go on
+
+
+@rollout
+def held_echo(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> float:
+    """The demo's in-process agent; a task with `hold` waits for HELD first (in the runner's
+    thread for it), so that its rollout stays running, and its version live, until then."""
+    if task.get("hold") and not HELD.wait(120):
+        raise TimeoutError("the test never released the held rollout")
     set_threads(1)
     answer = local_llm(policy).complete(
         f"<bos> {task['letter']}", max_new_tokens=ANSWER_WORDS, resources_id=rollout.resources_id

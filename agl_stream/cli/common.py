@@ -56,6 +56,25 @@ class PathType(click.Path):
         return super().convert(value, param, ctx)
 
 
+def torch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--device, --dtype and --threads: where torch runs a model (AGL_STREAM_DEVICE,
+    AGL_STREAM_DTYPE, AGL_STREAM_THREADS when not given; checked at start)."""
+    options = [
+        click.option("--device", metavar="auto|cpu|cuda[:N]",
+                     help="Where torch runs the model; auto: a CUDA device if torch sees one. "
+                          "[env: AGL_STREAM_DEVICE; default: auto]"),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+                     help="The weights' precision; auto: bfloat16 on a GPU that has it, "
+                          "float32 on the CPU. [env: AGL_STREAM_DTYPE; default: auto]"),
+        click.option("--threads", type=click.IntRange(1),
+                     help="torch's intra-op threads. [env: AGL_STREAM_THREADS; default: "
+                          "1 for a trainer, torch's own for the policy server]"),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors we expect into one sentence and a non-zero exit, never a traceback."""
 

@@ -14,6 +14,7 @@ from agl_stream.cli.common import (
     friendly_errors,
     listening_on,
     stop_on_signals,
+    torch_options,
 )
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def _url(value: str) -> str:
     help="Most requests generated together.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of tiny models.")
+@torch_options
 @click.option("-v", "--verbose", is_flag=True, help="Log loads and reloads.")
 @click.pass_obj
 @friendly_errors
@@ -67,6 +69,9 @@ def serve(
     served_model_name: str,
     max_batch: int,
     seed: int,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
     verbose: bool,
 ) -> None:
     """Serve a policy behind the OpenAI API (chat completions and completions, streaming or
@@ -75,26 +80,32 @@ def serve(
     By default it follows the resources topic: it serves the latest version's checkpoint
     (or the --pin'ned one), reloads when a new one is published, and says which version
     answered (`system_fingerprint` and the X-AGL-Resources-Id header). It runs the model
-    with torch on the CPU, batching concurrent requests.
+    with torch on --device in --dtype, batching concurrent requests.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     from agl_stream.serving.server import PolicyServer
+    from agl_stream.training.device import apply_threads, placement
+
+    where = placement(device, dtype, threads)
+    apply_threads(where, None)
 
     async def main() -> None:
         stop = stop_on_signals()
-        server = PolicyServer(served_model_name, max_batch)
+        server = PolicyServer(served_model_name, max_batch, where)
         if model_spec is not None:
             from agl_stream.serving.engine import Loaded
             from agl_stream.training.model import initial_policy
 
             try:
-                policy = await asyncio.to_thread(initial_policy, model_spec, seed)
+                policy = await asyncio.to_thread(initial_policy, model_spec, seed, where)
             except (ValueError, OSError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--model") from None
             server.load(Loaded(policy, f"model:{model_spec}"))
         with listening_on(f"{host}:{port}"):
             url = await server.start(host, port)
-        console.print(f"serving {served_model_name} on {url}/v1", highlight=False)
+        console.print(
+            f"serving {served_model_name} on {url}/v1 ({where.describe()})", highlight=False
+        )
         follower = None if model_spec else asyncio.create_task(_follow(app, server, resource, pin))
         try:
             await _until(stop, follower)

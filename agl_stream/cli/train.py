@@ -17,6 +17,7 @@ from agl_stream.cli.common import (
     friendly_errors,
     parse_offsets,
     stop_on_signals,
+    torch_options,
 )
 from agl_stream.cli.times import TIME
 from agl_stream.training.trajectories import TRAINED_TOPICS
@@ -62,16 +63,62 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Where a fresh run starts reading (a resumed one goes on from "
                           "its checkpoint)."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--minibatch-size", type=click.IntRange(1), default=32, show_default=True,
+                     help="Samples in one optimiser step."),
+        click.option("--micro-batch-tokens", type=click.IntRange(1), default=None,
+                     help="Most padded tokens (rows x longest row) in one forward/backward "
+                          "pass: a mini-batch runs as micro-batches under it, gradients "
+                          "accumulated (the same update, less memory). [default: no split]"),
+        click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False,
+                     show_default=True,
+                     help="Recompute activations in the backward pass (less memory, ~30% "
+                          "more compute)."),
+        click.option("--lora-rank", type=int, default=None,
+                     help="Train a LoRA adapter of this rank on the frozen --init-model "
+                          "instead of the whole model; versions publish the adapter only. "
+                          "[default: whole model]"),
+        click.option("--lora-alpha", type=float, default=None,
+                     help="LoRA's scale numerator. [default: twice the rank]"),
+        click.option("--lora-dropout", type=float, default=0.0, show_default=True),
+        click.option("--lora-target-modules", default="all-linear", show_default=True,
+                     metavar="NAME,...",
+                     help="Modules the adapter wraps (e.g. q_proj,v_proj); all-linear: "
+                          "every linear layer but the output head."),
+        click.option("--lora-config", type=click.Path(exists=True, dir_okay=False),
+                     help="A peft LoraConfig as JSON (adapter_config.json's keys), instead "
+                          "of the --lora-* options."),
+        click.option("--keep", type=click.IntRange(1), default=None,
+                     help="Keep the last N checkpoints and every one a live version names "
+                          "(the latest, or one a queued or running rollout names); delete "
+                          "the rest. [default: keep all]"),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
-    return func
+    return torch_options(func)
+
+
+def _lora(options: dict[str, Any]) -> Any:
+    """LoraSettings from the --lora-* options, or None for a whole-model run."""
+    from pathlib import Path
+
+    from agl_stream.training.lora import LoraSettings
+
+    config_file = options["lora_config"]
+    if options["lora_rank"] is None and config_file is None:
+        return None
+    targets = tuple(t.strip() for t in options["lora_target_modules"].split(",") if t.strip())
+    return LoraSettings(
+        rank=8 if options["lora_rank"] is None else options["lora_rank"],
+        alpha=options["lora_alpha"], dropout=options["lora_dropout"], target_modules=targets,
+        config_file=Path(config_file) if config_file else None,
+    )  # fmt: skip
 
 
 def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     """TrainerConfig from the options (imports torch: only when a trainer runs)."""
     from agl_stream.training.batching import Staleness, StalePolicy
     from agl_stream.training.checkpoints import checkpoint_root
+    from agl_stream.training.device import placement
     from agl_stream.training.grpo import GRPOConfig
     from agl_stream.training.trainer import TrainerConfig
     from agl_stream.training.triplets import RewardRule
@@ -88,17 +135,28 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
                 f"{options['group_size']} trajectories"
             )
         grpo = GRPOConfig(
-            learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"]
-        )
+            learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"],
+            minibatch_size=options["minibatch_size"],
+            micro_batch_tokens=options["micro_batch_tokens"],
+            gradient_checkpointing=options["gradient_checkpointing"],
+        )  # fmt: skip
+        lora = _lora(options)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    where = placement(options["device"], options["dtype"], options["threads"], training=True)
+    if where.dtype == "float16" and lora is None:
+        raise click.UsageError(
+            "--dtype float16 trains the whole model without loss scaling, which underflows: "
+            "use bfloat16 or float32 (float16 suits a frozen LoRA base)"
+        )
     return TrainerConfig(
         checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
         run_name=options["run_name"] or "grpo", group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
         max_waiting=options["max_waiting"],
-        start_latest=options["start"] == "latest",
+        start_latest=options["start"] == "latest", placement=where, threads=where.threads or 1,
+        lora=lora, keep=options["keep"],
     )  # fmt: skip
 
 
@@ -117,8 +175,11 @@ def run_trainer(
         )
 
     trainer = Trainer(app.kafka(), config, on_step=show)
+    adapter = f", LoRA rank {config.lora.rank}" if config.lora is not None else ""
     console.print(
-        f"trainer {config.worker_id}: checkpoints in {trainer.store.root}", highlight=False
+        f"trainer {config.worker_id}: checkpoints in {trainer.store.root} "
+        f"({config.placement.describe()}{adapter})",
+        highlight=False,
     )
 
     async def main() -> None:
@@ -230,4 +291,10 @@ def checkpoints_command(checkpoint_dir: str, as_json: bool) -> None:
         for problem in problems:
             console.print(f"[red]lineage:[/] {problem}")
         raise SystemExit(1)
-    console.print("lineage: every consumed offset range once, no attempt trained on twice")
+    steps = [state["step"] for state in states]
+    pruned = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
+    console.print(
+        "lineage: every consumed offset range once, no attempt trained on twice"
+        + (f" (of the steps kept; pruned: {len(pruned)} between)" if pruned else ""),
+        highlight=False,
+    )

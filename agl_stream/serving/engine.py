@@ -1,4 +1,4 @@
-"""Generation with a Hugging Face causal LM on the CPU (or any torch device), batching the
+"""Generation with a Hugging Face causal LM on the device it was placed on, batching the
 requests that arrive together: prompts left-padded, one forward pass per step for the whole
 batch with a KV cache, each row sampled at its own temperature (0: greedy) and stopped at EOS
 or its token limit. Tokens are handed out as they are sampled, for streaming."""
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from agl_stream.training.device import model_device
 from agl_stream.training.model import Policy
 
 OnToken = Callable[[int, float], None]
@@ -46,11 +47,13 @@ def generate(model: Any, jobs: Sequence[Job], pad_id: int, eos_id: int | None) -
     """Run `jobs` as one batch, filling each job's tokens, logprobs and finish reason."""
     width = max(len(job.prompt_ids) for job in jobs)
     count = len(jobs)
+    device = model_device(model)
     input_ids = torch.full((count, width), pad_id, dtype=torch.long)
     mask = torch.zeros((count, width), dtype=torch.long)
     for row, job in enumerate(jobs):
         input_ids[row, width - len(job.prompt_ids) :] = torch.tensor(list(job.prompt_ids))
         mask[row, width - len(job.prompt_ids) :] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     generators = [_generator(job.seed) for job in jobs]
     temperatures = [job.temperature for job in jobs]
@@ -66,7 +69,7 @@ def generate(model: Any, jobs: Sequence[Job], pad_id: int, eos_id: int | None) -
             use_cache=True,
         )
         past = output.past_key_values
-        logits = output.logits[:, -1].float()
+        logits = output.logits[:, -1].float().cpu()  # picked on the CPU, with CPU generators
         next_ids = torch.full((count, 1), pad_id, dtype=torch.long)
         for row, job in enumerate(jobs):
             if not active[row]:
@@ -82,8 +85,8 @@ def generate(model: Any, jobs: Sequence[Job], pad_id: int, eos_id: int | None) -
                 active[row] = False
         if not any(active):
             return
-        step_ids = next_ids
-        mask = torch.cat([mask, torch.ones((count, 1), dtype=torch.long)], dim=-1)
+        step_ids = next_ids.to(device)
+        mask = torch.cat([mask, torch.ones((count, 1), dtype=torch.long, device=device)], dim=-1)
         positions = positions[:, -1:] + 1
 
 

@@ -31,6 +31,7 @@ from agl_stream.serving.api import (
     response_body,
 )
 from agl_stream.serving.engine import Batcher, Job, Loaded
+from agl_stream.training.device import Placement
 from agl_stream.training.local_llm import local_llm
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,12 @@ ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.
 
 
 class PolicyServer:
-    def __init__(self, model_name: str = "policy", max_batch: int = 32) -> None:
+    def __init__(
+        self, model_name: str = "policy", max_batch: int = 32, placement: Placement | None = None
+    ) -> None:
         self.model_name = model_name
         self.max_batch = max_batch
+        self.placement = placement  # where published checkpoints are loaded (None: settings)
         self.batcher: Batcher | None = None
         self.reloads = 0
         self.cache: ResourceCache | None = None  # what follow() folds: versions by id
@@ -96,7 +100,7 @@ class PolicyServer:
                 continue
             try:
                 began = time.monotonic()
-                llm = await asyncio.to_thread(local_llm, checkpoint)
+                llm = await asyncio.to_thread(local_llm, checkpoint, self.placement)
                 self.load(Loaded(llm.policy, version.resources_id))
                 self.metrics.observe(
                     "reload", time.monotonic() - began, "Loading a published checkpoint."

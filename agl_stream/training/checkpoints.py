@@ -4,7 +4,10 @@ step-000012/ holds the weights (safetensors), the tokenizer, the optimiser state
 trainer.json: the step, the resources version it was published as, the offset range of every
 partition the step consumed, the attempts it trained on, and what a resumed trainer must
 remember. A checkpoint is written under a temporary name and renamed when whole, so a trainer
-killed while writing leaves no half checkpoint that looks complete.
+killed while writing leaves no half checkpoint that looks complete; one pruned is renamed out
+of the step names before its files are removed, so a trainer killed while pruning leaves no
+half-deleted checkpoint that looks whole either. A LoRA run's base model, when the trainer
+made it (`--init-model tiny`), lives in base/ beside the steps and is never pruned.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from urllib.request import url2pathname
 
 STATE_FILE = "trainer.json"
 OPTIMIZER_FILE = "optimizer.pt"
+BASE_DIR = "base"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
+_LEFTOVERS = ("*.partial-*", "*.pruned-*")
 
 
 def checkpoint_root(location: str) -> Path:
@@ -69,10 +74,42 @@ class CheckpointStore:
         return self.step_dir(steps[-1]) if steps else None
 
     def clean_partial(self) -> None:
-        """Remove what a killed trainer left half written."""
+        """Remove what a killed trainer left half written or half pruned."""
         if self.root.is_dir():
-            for entry in self.root.glob("*.partial-*"):
-                shutil.rmtree(entry, ignore_errors=True)
+            for pattern in _LEFTOVERS:
+                for entry in self.root.glob(pattern):
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    def prune(self, steps: list[int]) -> None:
+        """Delete these steps. Each directory is first renamed out of the step names, durably,
+        so that no reader (a resuming trainer, a policy server, a runner) finds a checkpoint
+        half deleted: it finds the whole directory or none. A crash after the rename leaves
+        `step-N.pruned-PID`, which clean_partial removes."""
+        for step in steps:
+            directory = self.step_dir(step)
+            doomed = self.root / f"{directory.name}.pruned-{os.getpid()}"
+            os.rename(directory, doomed)
+            _fsync(self.root)
+            shutil.rmtree(doomed)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.root / BASE_DIR
+
+    def write_base(self, fill: Any) -> Path:
+        """The base model of a LoRA run, written like a step (whole or not at all); one left
+        by an earlier start of a run that wrote no step yet is replaced."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.root / f"{BASE_DIR}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        fill(partial)
+        for file in partial.iterdir():
+            _fsync(file)
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        os.rename(partial, self.base_dir)
+        _fsync(self.root)
+        return self.base_dir
 
     def write(self, step: int, fill: Any, state: Mapping[str, Any]) -> Path:
         """Write step `step`: `fill(directory)` saves the weights and optimiser into it, then
@@ -112,12 +149,15 @@ def _fsync(path: Path) -> None:
 def lineage_problems(states: list[dict[str, Any]]) -> list[str]:
     """What breaks "every consumed offset range exactly once": each step's range of a
     partition must start at the previous step's cut and end at its own; no attempt may be
-    trained on twice."""
+    trained on twice. Steps that --keep pruned leave gaps: a step after a gap is checked
+    against its own cut only (and attempts only among the steps kept)."""
     problems: list[str] = []
     used: dict[tuple[str, str], int] = {}
     previous: dict[str, Any] | None = None
     for state in states:
         step = state["step"]
+        if previous is not None and previous["step"] != step - 1:
+            previous = None  # the steps between were pruned
         for tp, (start, end) in state.get("consumed", {}).items():
             if end < start:
                 problems.append(f"step {step}: {tp} range [{start}, {end}) runs backwards")

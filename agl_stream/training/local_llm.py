@@ -1,9 +1,12 @@
-"""Sampling from a published checkpoint inside the runner's process (CPU), each call
-recorded as an LLM-call span with its token ids and logprobs: the in-process path to the
-same spans a served model behind an OpenAI-compatible endpoint gives."""
+"""Sampling from a published checkpoint inside the runner's process, each call recorded as an
+LLM-call span with its token ids and logprobs: the in-process path to the same spans a served
+model behind an OpenAI-compatible endpoint gives. The model is placed where
+AGL_STREAM_DEVICE / AGL_STREAM_DTYPE / AGL_STREAM_THREADS say (default: a GPU if torch sees
+one, else the CPU in float32)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -14,12 +17,14 @@ from typing import Any
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.events import Checkpoint
 from agl_stream.training.checkpoints import checkpoint_root
+from agl_stream.training.device import Placement, apply_threads, placement
 from agl_stream.training.model import Policy, content_hash, load_policy
 from agl_stream.training.sampling import sample
 
 _CACHE_SIZE = 2
 _lock = threading.Lock()
-_cache: OrderedDict[str, LocalLLM] = OrderedDict()
+_cache: OrderedDict[tuple[str, Placement], LocalLLM] = OrderedDict()
+_bases_checked: set[tuple[str, str]] = set()  # (base directory, hash) found to match
 
 
 class CheckpointMismatch(ValueError):
@@ -70,24 +75,61 @@ class LocalLLM:
         return Answer(text, completion.token_ids, completion.logprobs)
 
 
-def local_llm(checkpoint: Checkpoint) -> LocalLLM:
+def local_llm(checkpoint: Checkpoint, where: Placement | None = None) -> LocalLLM:
     """The model a Checkpoint resource points at, loaded once (its hash checked) and kept
-    while it is one of the two most recently used."""
+    while it is one of the two most recently used; on `where` (default: the AGL_STREAM_*
+    torch settings)."""
+    chosen = where or _settings_placement()
+    apply_threads(chosen, None)
+    key = (checkpoint.content_hash, chosen)
     with _lock:
-        cached = _cache.get(checkpoint.content_hash)
+        cached = _cache.get(key)
         if cached is not None:
-            _cache.move_to_end(checkpoint.content_hash)
+            _cache.move_to_end(key)
             return cached
-        directory = Path(checkpoint_root(checkpoint.uri))
-        found = content_hash(directory)
-        if found != checkpoint.content_hash:
-            raise CheckpointMismatch(
-                f"checkpoint {checkpoint.uri} hashes to {found}, "
-                f"its resources say {checkpoint.content_hash}"
-            )
-        llm = LocalLLM(load_policy(directory), checkpoint)
+        llm = LocalLLM(load_checkpoint(checkpoint, chosen), checkpoint)
         llm.policy.model.eval()
-        _cache[checkpoint.content_hash] = llm
+        _cache[key] = llm
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
         return llm
+
+
+@functools.cache
+def _settings_placement() -> Placement:
+    """The AGL_STREAM_* torch settings, resolved once per process (not at every call)."""
+    return placement()
+
+
+def load_checkpoint(checkpoint: Checkpoint, where: Placement | None = None) -> Policy:
+    """The policy a Checkpoint names, after checking its files against its hash: a whole
+    model ("safetensors"), or a LoRA adapter ("peft") merged into its base, whose hash is
+    checked too (once per process and base)."""
+    directory = Path(checkpoint_root(checkpoint.uri))
+    _check_hash(directory, checkpoint.content_hash, checkpoint.uri)
+    if checkpoint.format == "safetensors":
+        return load_policy(directory, where)
+    if checkpoint.format != "peft":
+        raise ValueError(
+            f"checkpoint {checkpoint.uri} has format {checkpoint.format!r}: "
+            "this release loads 'safetensors' and 'peft'"
+        )
+    from agl_stream.training.lora import merged
+
+    if checkpoint.base_uri is None or checkpoint.base_content_hash is None:
+        raise CheckpointMismatch(
+            f"LoRA checkpoint {checkpoint.uri} names no base model (base_uri and base_content_hash)"
+        )
+    base = Path(checkpoint_root(checkpoint.base_uri))
+    if (str(base), checkpoint.base_content_hash) not in _bases_checked:
+        _check_hash(base, checkpoint.base_content_hash, checkpoint.base_uri)
+        _bases_checked.add((str(base), checkpoint.base_content_hash))
+    return merged(load_policy(base, where), directory)
+
+
+def _check_hash(directory: Path, expected: str, uri: str) -> None:
+    found = content_hash(directory)
+    if found != expected:
+        raise CheckpointMismatch(
+            f"checkpoint {uri} hashes to {found}, its resources say {expected}"
+        )

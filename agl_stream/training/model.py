@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from agl_stream.training.device import Placement
+
 TINY = "tiny"
 TINY_CHAT = "tiny-chat"
 CHAT_SPECIALS = ("<pad>", "<bos>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>")
@@ -112,36 +114,68 @@ def _tiny_llama(tokenizer: Any, vocab_size: int, context: int, seed: int, name: 
     return model
 
 
-def load_policy(path: str | Path) -> Policy:
-    """A checkpoint directory as save_pretrained wrote it."""
+def load_policy(path: str | Path, placement: Placement | None = None) -> Policy:
+    """A checkpoint directory as save_pretrained wrote it, on `placement` (default: the CPU
+    in the dtype the files hold). The weights are read in the placement's dtype, not in
+    float32 first, so a 7B checkpoint in bfloat16 needs its own size in memory, not twice it."""
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a model checkpoint (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(directory)
+    options: dict[str, Any] = {}
+    if placement is not None:
+        options[_dtype_option()] = placement.torch_dtype
+    model = AutoModelForCausalLM.from_pretrained(directory, **options)
+    if placement is not None:
+        model.to(placement.device)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return Policy(model, tokenizer)
 
 
-def initial_policy(spec: str, seed: int) -> Policy:
+def _dtype_option() -> str:
+    """from_pretrained's name for the dtype: `dtype` since transformers 4.56 (which warns
+    about the old `torch_dtype`), `torch_dtype` before."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def initial_policy(spec: str, seed: int, placement: Placement | None = None) -> Policy:
     """`tiny`, `tiny-chat` or the path of a local checkpoint."""
-    if spec == TINY:
-        return tiny_policy(seed)
-    if spec == TINY_CHAT:
-        return tiny_chat_policy(seed)
-    return load_policy(spec)
+    if spec in (TINY, TINY_CHAT):
+        policy = tiny_policy(seed) if spec == TINY else tiny_chat_policy(seed)
+        if placement is not None:
+            policy.model.to(device=placement.device, dtype=placement.torch_dtype)
+        return policy
+    return load_policy(spec, placement)
 
 
 def save_policy(policy: Policy, directory: Path) -> None:
+    """A whole model (weights and tokenizer), or only a LoRA adapter (adapter_config.json and
+    adapter_model.safetensors, PEFT's layout) when the model is a peft one."""
+    if is_adapter(policy.model):
+        from agl_stream.training.lora import peft_calls
+
+        with peft_calls():
+            policy.model.save_pretrained(directory, safe_serialization=True)
+        return
     policy.model.save_pretrained(directory, safe_serialization=True)
     policy.tokenizer.save_pretrained(directory)
+
+
+def is_adapter(model: Any) -> bool:
+    """Whether `model` is a peft model (its trainable weights are an adapter's)."""
+    return hasattr(model, "peft_config")
 
 
 def content_hash(directory: Path) -> str:
     """sha256 over the weight files (names and bytes, in name order): what a runner checks
     before it trusts a checkpoint it was pointed at."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint {directory} does not exist (was it pruned?)")
     digest = hashlib.sha256()
     files = sorted(directory.glob("*.safetensors"))
     if not files:

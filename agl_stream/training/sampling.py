@@ -1,5 +1,6 @@
-"""Token-level sampling and scoring with a causal LM, in torch: the same log-probabilities
-the sampler records are what the trainer recomputes (same temperature, same positions)."""
+"""Token-level sampling and scoring with a causal LM, in torch, on the device the model is
+on: the same log-probabilities the sampler records are what the trainer recomputes (same
+temperature, same positions; computed in float32 whatever the weights' dtype)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from agl_stream.training.device import model_device
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ def sample(
     """Sample up to `max_new_tokens` tokens after the prompt (stopping at EOS)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    device = model_device(model)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     out_ids: list[int] = []
     out_logprobs: list[float] = []
     past = None
@@ -36,13 +40,14 @@ def sample(
     for _ in range(max_new_tokens):
         output = model(input_ids=step_input, past_key_values=past, use_cache=True)
         past = output.past_key_values
-        logp = torch.log_softmax(output.logits[0, -1].float() / temperature, dim=-1)
+        # Drawn on the CPU: a CPU generator (the seed) works whatever the model's device.
+        logp = torch.log_softmax(output.logits[0, -1].float().cpu() / temperature, dim=-1)
         token = int(torch.multinomial(logp.exp(), 1, generator=generator).item())
         out_ids.append(token)
         out_logprobs.append(float(logp[token]))
         if eos_token_id is not None and token == eos_token_id:
             break
-        step_input = torch.tensor([[token]], dtype=torch.long)
+        step_input = torch.tensor([[token]], dtype=torch.long, device=device)
     return Completion(out_ids, out_logprobs)
 
 
@@ -55,6 +60,12 @@ class TokenBatch:
     attention_mask: torch.Tensor
     targets: torch.Tensor
     response_mask: torch.Tensor
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(
+            self.input_ids.to(device), self.attention_mask.to(device),
+            self.targets.to(device), self.response_mask.to(device),
+        )  # fmt: skip
 
 
 def token_batch(
@@ -75,7 +86,9 @@ def token_batch(
 
 def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for every position, shape (batch, width - 1)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).logits
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
@@ -94,5 +107,5 @@ def old_logprobs(
             raise ValueError(
                 f"sample {row}: {len(values)} recorded logprobs for {len(positions)} tokens"
             )
-        old[row, positions] = torch.tensor(list(values), dtype=old.dtype)
+        old[row, positions] = torch.tensor(list(values), dtype=old.dtype, device=old.device)
     return old

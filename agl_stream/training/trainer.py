@@ -26,7 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agl_stream.config import KafkaSettings
+from agl_stream.config import ConfigError, KafkaSettings
 from agl_stream.events import (
     Checkpoint,
     ResourcesPublished,
@@ -41,9 +41,13 @@ from agl_stream.streams import EventPublisher, EventStream, Topics
 from agl_stream.supervision import Supervisor, restarting
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
-from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore
+from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore, checkpoint_root
+from agl_stream.training.device import CPU, Placement
 from agl_stream.training.grpo import GRPO, GRPOConfig, UpdateStats
+from agl_stream.training.lora import LoraSettings, load_adapter, with_adapter
 from agl_stream.training.model import (
+    TINY,
+    TINY_CHAT,
     Policy,
     content_hash,
     initial_policy,
@@ -52,9 +56,11 @@ from agl_stream.training.model import (
     save_policy,
     set_threads,
 )
+from agl_stream.training.retention import InFlight, prunable
 from agl_stream.training.trajectories import TRAINED_TOPICS, Assembler, Trajectory, partition_of
 from agl_stream.training.trajectories import TopicPartition as TP
 from agl_stream.training.triplets import RewardRule
+from agl_stream.training.update import PolicyUpdate, UpdateFactory
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,11 @@ class TrainerConfig:
     worker_id: str = field(default_factory=lambda: f"trainer-{socket.gethostname()}-{os.getpid()}")
     heartbeat_seconds: float = 5.0
     threads: int = 1
+    placement: Placement = CPU  # the device and dtype of the policy (device.py)
+    lora: LoraSettings | None = None  # train an adapter on a frozen base, not the whole model
+    keep: int | None = None  # keep the last N checkpoints and the live ones (retention.py)
+    # The update step (default: GRPO with `grpo`); anything with PolicyUpdate's methods.
+    update: UpdateFactory | None = None
     patience_records: int = 50_000
     # Trajectories waiting for their group; past it the oldest groups that are not full are
     # dropped (counted as dropped_incomplete), so that memory stays bounded.
@@ -138,7 +149,9 @@ class Trainer:
         self._dropped_incomplete = 0  # since the last step
         self._unpruned_records = 0
         self._policy: Policy | None = None
-        self._grpo: GRPO | None = None
+        self._grpo: PolicyUpdate | None = None
+        self._base: dict[str, str] | None = None  # a LoRA run's base model: uri, content_hash
+        self.in_flight = InFlight()  # versions named by rollouts queued or running
         self._publisher: EventPublisher | None = None
         self.metrics = WorkerMetrics("trainer", self._snapshot)
 
@@ -214,6 +227,7 @@ class Trainer:
                 tp = (short[item.topic], item.partition)
                 if self._in_range(tp, item.offset, item.timestamp_ms):
                     self.assembler.add(tp, item.offset, item.event)
+                self.in_flight.add(tp, item.offset, item.event)
             for tp, offset in batch.next_offsets.items():
                 self.positions[(short[tp.topic], tp.partition)] = offset
             self.counts["records"] += len(batch)
@@ -326,6 +340,7 @@ class Trainer:
         self.cut = cut
         published = time.monotonic()
         await self._publish_current()
+        await self._prune()
         phases = {
             "update": timings["build_s"] + timings["update_s"],
             "checkpoint": published - written,
@@ -377,6 +392,9 @@ class Trainer:
             else [],
             "stats": vars(stats) if stats else None,
             "assembler": self.assembler.memory(),
+            "in_flight": self.in_flight.memory(),
+            "base": self._base,
+            "placement": vars(self.config.placement),
         }
 
     def _write_checkpoint(self, state: dict[str, Any]) -> None:
@@ -387,10 +405,33 @@ class Trainer:
         policy, grpo = self._policy, self._grpo
 
         def fill(directory: Path) -> None:
-            save_policy(policy, directory)
+            save_policy(policy, directory)  # a LoRA run's: the adapter only
             torch.save(grpo.state_dict(), directory / OPTIMIZER_FILE)
 
         self.store.write(self.step, fill, state)
+
+    async def _prune(self) -> None:
+        """Under --keep N: delete the checkpoints that are neither among the last N nor
+        named by a live version (retention.py says what is live)."""
+        if self.config.keep is None:
+            return
+        live = {self.step}
+        named = self.in_flight.versions()
+        latest = self.resources.latest
+        # The version just published is the latest even before the follower folds it.
+        if latest is not None and not (self.config.publish and latest.version < self.version):
+            named.add(latest.resources_id)
+        for rid in named:
+            event = self.resources.versions.get(rid)
+            policy = event.resources.get(POLICY_RESOURCE) if event else None
+            step = self.store.step_of(policy.uri) if isinstance(policy, Checkpoint) else None
+            if step is not None:
+                live.add(step)
+        doomed = prunable(self.store.steps(), self.config.keep, live)
+        if doomed:
+            await asyncio.to_thread(self.store.prune, doomed)
+            self.counts["checkpoints_pruned"] += len(doomed)
+            log.info("pruned the checkpoints of steps %s", doomed)
 
     # -- start and resume ---------------------------------------------------------------------
 
@@ -411,11 +452,27 @@ class Trainer:
         begin = {(t, p): firsts[TopicPartition(self.topics.name(t), p)] for t, p in tps}
         self.cut = {tp: max(begin[tp], (self.config.start or {}).get(tp, 0)) for tp in tps}
         self.positions = dict(self.cut)
-        self._policy = await asyncio.to_thread(
-            initial_policy, self.config.init_model, self.config.grpo.seed
-        )
-        self._grpo = GRPO(self._policy.model, self._pad_id(), self.config.grpo)
+        self._policy = await asyncio.to_thread(self._fresh_policy)
+        self._grpo = self._new_update()
         await asyncio.to_thread(self._write_checkpoint, self._state(self.cut, {}, None, None))
+
+    def _fresh_policy(self) -> Policy:
+        cfg = self.config
+        policy = initial_policy(cfg.init_model, cfg.grpo.seed, cfg.placement)
+        if cfg.lora is None:
+            return policy
+        if cfg.init_model in (TINY, TINY_CHAT):  # a base that exists only here: saved once
+            base = self.store.write_base(lambda directory: save_policy(policy, directory))
+        else:
+            base = checkpoint_root(cfg.init_model)
+        self._base = {"uri": base.as_uri(), "content_hash": content_hash(base)}
+        return with_adapter(policy, cfg.lora)
+
+    def _new_update(self) -> PolicyUpdate:
+        assert self._policy is not None
+        if self.config.update is not None:
+            return self.config.update(self._policy.model, self._pad_id())
+        return GRPO(self._policy.model, self._pad_id(), self.config.grpo)
 
     def _resume(self, directory: Path) -> None:
         import torch
@@ -426,10 +483,37 @@ class Trainer:
         self.cut = {partition_of(name): offset for name, offset in state["cut"].items()}
         self.positions = dict(self.cut)
         self.assembler = Assembler.resume(state["assembler"], self.config.patience_records)
-        self._policy = load_policy(directory)
-        self._grpo = GRPO(self._policy.model, self._pad_id(), self.config.grpo)
-        self._grpo.load_state_dict(torch.load(directory / OPTIMIZER_FILE, weights_only=False))
+        self.in_flight = InFlight.resume(state.get("in_flight", {}))
+        self._policy = self._resumed_policy(directory, state.get("base"))
+        self._grpo = self._new_update()
+        where = self.config.placement.device
+        saved = torch.load(directory / OPTIMIZER_FILE, weights_only=False, map_location=where)
+        self._grpo.load_state_dict(saved)
         log.info("resumed from %s (step %d)", directory, self.step)
+
+    def _resumed_policy(self, directory: Path, base: dict[str, str] | None) -> Policy:
+        where, root = self.config.placement, self.store.root
+        if base is None and self.config.lora is not None:
+            raise ConfigError(
+                f"{root} holds whole-model checkpoints: a LoRA run (--lora-rank, "
+                "--lora-config) needs a --checkpoint-dir of its own"
+            )
+        if base is None:
+            return load_policy(directory, where)
+        if self.config.lora is None:
+            raise ConfigError(
+                f"{root} holds LoRA adapters: pass --lora-rank or --lora-config to go on "
+                "training them, or use another --checkpoint-dir"
+            )
+        base_dir = checkpoint_root(base["uri"])
+        found = content_hash(base_dir)
+        if found != base["content_hash"]:
+            raise ConfigError(
+                f"the base model of the adapters in {root}, {base_dir}, hashes to {found}, "
+                f"not {base['content_hash']} as when they were trained: it changed"
+            )
+        self._base = base
+        return load_adapter(load_policy(base_dir, where), directory, trainable=True)
 
     def _pad_id(self) -> int:
         assert self._policy is not None
@@ -472,6 +556,11 @@ class Trainer:
         topic (resources.py); a restart finds the step's version if it is out already."""
         directory = self.store.step_dir(self.step)
         checkpoint = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+        if self._base is not None:  # a LoRA adapter, applied to the base it names
+            checkpoint = Checkpoint(
+                uri=checkpoint.uri, content_hash=checkpoint.content_hash, format="peft",
+                base_uri=self._base["uri"], base_content_hash=self._base["content_hash"],
+            )  # fmt: skip
         if not self.config.publish or self._resources_out is None:
             self.resources_id = f"{self.config.run_name}-step{self.step}"
             return

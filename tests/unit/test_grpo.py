@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from agl_stream.training.batching import TrainSample
-from agl_stream.training.grpo import GRPO, GRPOConfig, clipped_loss
+from agl_stream.training.device import Placement, place
+from agl_stream.training.grpo import GRPO, GRPOConfig, clipped_loss, micro_batches
 from agl_stream.training.model import content_hash, load_policy, save_policy, tiny_policy
 from agl_stream.training.sampling import sample, token_batch, token_logprobs
 
@@ -81,3 +84,73 @@ def test_bad_settings_say_what_is_wrong() -> None:
         GRPOConfig(learning_rate=0)
     with pytest.raises(ValueError, match="clip_epsilon"):
         GRPOConfig(clip_epsilon=1.5)
+
+
+def _varied_samples(count: int, seed: int) -> list[TrainSample]:
+    """Prompts and responses of different lengths, advantages of both signs, two weights."""
+    rng = random.Random(seed)
+    samples = []
+    for i in range(count):
+        prompt = (1, *(rng.randint(4, 8) for _ in range(rng.randint(1, 5))))
+        response = tuple(rng.randint(4, 8) for _ in range(rng.randint(1, 6)))
+        reward, advantage, weight = rng.random(), rng.uniform(-1, 1), rng.choice((1.0, 0.5))
+        samples.append(
+            TrainSample(("r", str(i)), prompt, response, reward, advantage, weight, None)
+        )
+    return samples
+
+
+def _gradients(config: GRPOConfig, samples: list[TrainSample]) -> tuple[float, list[torch.Tensor]]:
+    """The loss of one optimiser step on all `samples` and the gradients it stepped with
+    (left on the parameters: zeroed at the start of a step, not after)."""
+    policy = tiny_policy(seed=2)
+    stats = GRPO(policy.model, 0, config).update(samples)
+    grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+    assert grads
+    return stats.loss, grads
+
+
+@pytest.mark.parametrize(
+    ("budget", "checkpointing"), [(1, False), (12, False), (30, False), (20, True)]
+)
+def test_micro_batches_give_the_update_of_the_whole_batch(budget: int, checkpointing: bool) -> None:
+    """Split into micro-batches under a token budget (budget 1: one sequence a pass), with
+    or without gradient checkpointing, a mini-batch's loss and the gradients of its
+    optimiser step are those of the mini-batch in one pass."""
+    samples = _varied_samples(12, seed=4)
+    whole_loss, whole = _gradients(GRPOConfig(epochs=1, minibatch_size=12), samples)
+    split = GRPOConfig(
+        epochs=1, minibatch_size=12, micro_batch_tokens=budget, gradient_checkpointing=checkpointing
+    )
+    loss, grads = _gradients(split, samples)
+    assert loss == pytest.approx(whole_loss, abs=1e-6)
+    for expected, got in zip(whole, grads, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_micro_batches_stay_under_the_budget() -> None:
+    lengths = [3, 9, 4, 4, 12, 1, 7]
+    groups = micro_batches(lengths, 12)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        width = max(lengths[i] for i in group)
+        assert len(group) * width <= 12 or len(group) == 1
+    assert micro_batches(lengths, None) == [list(range(len(lengths)))]
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        GRPOConfig(micro_batch_tokens=0)
+
+
+def test_an_update_in_bfloat16_on_the_cpu() -> None:
+    """--dtype bfloat16: weights, update and recorded logprobs in bfloat16 (the scores are
+    computed in float32)."""
+    policy = tiny_policy(seed=1)
+    place(policy.model, Placement("cpu", "bfloat16"))
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    stats = GRPO(policy.model, 0, GRPOConfig(learning_rate=1e-2)).update(_varied_samples(8, 1))
+    assert math.isfinite(stats.loss)
+    assert all(p.dtype == torch.bfloat16 for p in policy.model.parameters())
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True)
+    )
+    completion = sample(policy.model.eval(), [1, 6], 3, generator=torch.Generator().manual_seed(0))
+    assert len(completion.logprobs) == len(completion.token_ids) > 0

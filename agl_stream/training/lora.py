@@ -1,0 +1,127 @@
+"""LoRA adapters (peft) on a frozen base: how the trainer builds one, and how a saved
+adapter is put back on its base, to train on (the trainer's resume) or merged into it (the
+policy server and the in-process sampler).
+
+An adapter checkpoint is PEFT's standard directory (adapter_config.json and
+adapter_model.safetensors), which vLLM loads as a LoRA adapter too; the base lives apart,
+named by the Checkpoint's base_uri and pinned by its base_content_hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_stream.config import ConfigError
+from agl_stream.training.model import Policy
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """What `--lora-rank`, `--lora-alpha`, `--lora-dropout`, `--lora-target-modules` or
+    `--lora-config FILE` ask for."""
+
+    rank: int = 8
+    alpha: float | None = None  # default: twice the rank
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (ALL_LINEAR,)
+    config_file: Path | None = None  # a LoraConfig as JSON (adapter_config.json's keys)
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"--lora-rank must be at least 1, got {self.rank}")
+        if self.alpha is not None and self.alpha <= 0:
+            raise ValueError(f"--lora-alpha must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"--lora-dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("--lora-target-modules names no module")
+
+    def peft_config(self) -> Any:
+        """peft's LoraConfig (from the file, when one is given)."""
+        from peft import LoraConfig
+
+        if self.config_file is not None:
+            return _config_from_file(self.config_file)
+        targets: str | list[str] = (
+            ALL_LINEAR if self.target_modules == (ALL_LINEAR,) else list(self.target_modules)
+        )
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha if self.alpha is not None else 2 * self.rank,
+            lora_dropout=self.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+
+
+@contextlib.contextmanager
+def peft_calls() -> Iterator[None]:
+    """peft 0.21 calls transformers 5.x APIs that warn of their renaming in v6
+    (`is_gradient_checkpointing`, ...): not ours to fix, and not to fail on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r".* is deprecated and will be removed in v6", category=FutureWarning
+        )
+        yield
+
+
+def _config_from_file(path: Path) -> Any:
+    from peft import LoraConfig
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--lora-config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--lora-config {path}: expected a JSON object of LoraConfig fields")
+    data.pop("peft_type", None)
+    known = {f.name for f in dataclasses.fields(LoraConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--lora-config {path}: LoraConfig has no field(s) {', '.join(unknown)}")
+    data.setdefault("task_type", "CAUSAL_LM")
+    return LoraConfig(**data)
+
+
+def with_adapter(policy: Policy, settings: LoraSettings) -> Policy:
+    """A fresh adapter on `policy`'s model, whose own weights are frozen."""
+    from peft import get_peft_model
+
+    config = settings.peft_config()
+    try:
+        with peft_calls():
+            model = get_peft_model(policy.model, config)
+    except ValueError as exc:
+        modules = config.target_modules
+        raise ConfigError(f"Invalid setting --lora-target-modules {modules!r}: {exc}") from None
+    return Policy(model, policy.tokenizer)
+
+
+def load_adapter(base: Policy, directory: Path, trainable: bool) -> Policy:
+    """The adapter saved in `directory` on `base` (to go on training it, or to serve)."""
+    from peft import PeftModel
+
+    if not (directory / ADAPTER_CONFIG).is_file():
+        raise ValueError(f"{directory} is not a LoRA adapter (no {ADAPTER_CONFIG})")
+    with peft_calls():
+        model = PeftModel.from_pretrained(base.model, directory, is_trainable=trainable)
+    return Policy(model, base.tokenizer)
+
+
+def merged(base: Policy, directory: Path) -> Policy:
+    """`base` with the adapter in `directory` merged into its weights: a plain model that
+    generates as fast as the base (for serving; the base object is changed)."""
+    adapted = load_adapter(base, directory, trainable=False)
+    with peft_calls():
+        return Policy(adapted.model.merge_and_unload(), base.tokenizer)
