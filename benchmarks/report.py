@@ -61,6 +61,9 @@ BENCHES = [
     Bench("gateway", "LLM gateway overhead",
           ["--calls", "400", "--latency-calls", "200", "--concurrency", "16"],
           ["--calls", "100", "--latency-calls", "50", "--concurrency", "8"]),
+    Bench("dashboard", "The dashboard's API on a big read model",
+          ["--rollouts", "1000000", "--spans", "20"],
+          ["--rollouts", "20000", "--spans", "20", "--repeats", "20"]),
 ]  # fmt: skip
 
 
