@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
 from agl_stream.cli.stack import bring_up, home_option
 from agl_stream.config import DatabaseSettings
+from agl_stream.embedded.process import free_port
 
 
 @click.command("demo")
@@ -37,6 +39,15 @@ from agl_stream.config import DatabaseSettings
     help="Where checkpoints, worker logs and the reward curve go.",
 )
 @click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running afterwards.")
+@click.option(
+    "--dashboard-port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Watch the run live in `agl-stream dashboard` on this port (0, or a port that is "
+    "taken: any free one).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Run without the dashboard.")
 @click.pass_obj
 @friendly_errors
 def demo(
@@ -48,6 +59,8 @@ def demo(
     max_staleness: int,
     out_dir: Path,
     keep_stack: bool,
+    dashboard_port: int,
+    no_dashboard: bool,
 ) -> None:
     """Train a tiny model from scratch on a small agent task, on this machine's CPU.
 
@@ -63,14 +76,18 @@ def demo(
     with console.status("starting the embedded stack..."):
         stack, started_stack = bring_up(app, home)
     kafka, database = app.kafka(), app.database()
+    port = None if no_dashboard else _dashboard_port(dashboard_port)
     config = DemoConfig(
-        steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness
-    )
+        steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness,
+        dashboard_port=port,
+    )  # fmt: skip
     console.print(
         f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server; "
         f"{steps} steps of {config.groups_per_step} tasks x {config.group_size} attempts",
         highlight=False,
     )
+    if port is not None:
+        console.print(f"watch it live: http://127.0.0.1:{port}/", highlight=False)
     progress = Progress(
         TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
         TextColumn("mean reward {task.fields[reward]}"), TimeElapsedColumn(), console=console,
@@ -100,6 +117,17 @@ def demo(
     table.add_row("reward curve", str(png))
     table.add_row("wall time", f"{time.monotonic() - started:.0f} s")
     console.print(table)
+
+
+def _dashboard_port(wanted: int) -> int:
+    """The port asked for when it is free, else any free one (a dashboard already running
+    on it, say, must not stop the demo)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", wanted))
+        except OSError:
+            return free_port()
+    return wanted or free_port()
 
 
 async def _rollout_counts(database: DatabaseSettings) -> str:

@@ -62,6 +62,7 @@ class DemoConfig:
     timeout_seconds: float = 60.0
     algorithm: bool = True  # False: runners and a projector only (Trainer.dev)
     resources: Mapping[str, Any] = field(default_factory=dict)  # published beside `llm`
+    dashboard_port: int | None = None  # run `agl-stream dashboard` beside it, on this port
 
     @property
     def trainer_staleness(self) -> int:
@@ -134,6 +135,11 @@ def workers(
     }  # fmt: skip
     if not config.algorithm:
         del commands["policy-server"], commands["trainer"]
+    if config.dashboard_port is not None:
+        commands["dashboard"] = [
+            sys.executable, "-m", "agl_stream.cli.main", "dashboard",
+            "--port", str(config.dashboard_port),
+        ]  # fmt: skip
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, command in commands.items():
@@ -247,8 +253,8 @@ def run_demo(
     asyncio.run(publish_endpoint(kafka, config, port))
     with workers(config, kafka, database, port) as processes:
 
-        def alive() -> str | None:
-            return first_stopped(processes)
+        def alive() -> str | None:  # the dashboard is for watching: the run goes on without it
+            return first_stopped({k: v for k, v in processes.items() if k != "dashboard"})
 
         started = datetime.now(UTC)
 

@@ -16,11 +16,12 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
-from agl_stream.dashboard.server import Dashboard
 from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+from agl_stream.embedded.process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -63,32 +64,51 @@ def shots(tmp_path: Path) -> Path:
     return where
 
 
-@pytest.mark.timeout(900)  # a training run of six steps, then a tour of the pages
-async def test_watch_a_training_run_live(
+async def _up(url: str, training: asyncio.Task[list[StepPoint]]) -> None:
+    """Wait until the demo's dashboard answers (or the demo has stopped)."""
+    async with aiohttp.ClientSession() as http:
+        while not training.done():
+            try:
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    training.result()  # raises what stopped it
+    raise AssertionError("the demo ended before its dashboard answered")
+
+
+@pytest.mark.timeout(900)  # a training run of six steps and a tour of the pages
+async def test_watch_the_demo_live(
     kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path, page: object, shots: Path
 ) -> None:
+    """The dashboard the demo runs (as `make demo` does). The demo waits after its second
+    step while the test tours the pages, and after its last step until the page shows it:
+    the page, loaded at step 2, must get to step 6 by itself."""
     from playwright.async_api import Page, expect
 
     assert isinstance(page, Page)
-    server = Dashboard(database, kafka)
-    url = await server.start()
+    port = free_port()
+    config = DemoConfig(
+        steps=6, runners=1, out_dir=tmp_path, run_name="watched-run", dashboard_port=port
+    )
+    toured, seen_last = threading.Event(), threading.Event()
+
+    def on_step(point: StepPoint) -> None:
+        if point.step == 2:
+            toured.wait(WAIT_MS / 1000)
+        if point.step == config.steps:
+            seen_last.wait(WAIT_MS / 1000)
+
+    demo = asyncio.to_thread(run_demo, config, kafka, database, on_step)
+    training = asyncio.create_task(demo)
     try:
+        url = f"http://127.0.0.1:{port}/"
+        await _up(url, training)
         await page.goto(url)
         await expect(page.locator("#live")).to_have_text("● live", timeout=WAIT_MS)
         await page.evaluate("window.loadedOnce = true")  # gone if the page ever reloads
-
-        # The demo waits after its second step until the page has shown it: then the page
-        # must move on to the last step by itself.
-        config = DemoConfig(steps=6, runners=1, out_dir=tmp_path, run_name="watched-run")
-        shown = threading.Event()
-
-        def on_step(point: StepPoint) -> None:
-            if point.step == 2:
-                shown.wait(WAIT_MS / 1000)
-
-        training = asyncio.create_task(
-            asyncio.to_thread(run_demo, config, kafka, database, on_step)
-        )
         step = page.locator('[data-run="watched-run"] .latest-step')
         try:
             await expect(step).to_have_text("2", timeout=WAIT_MS)
@@ -97,13 +117,8 @@ async def test_watch_a_training_run_live(
                 f"the page never showed step 2 (demo done: {training.done()}); it shows: "
                 f"{await page.inner_text('body')}"
             ) from None
-        shown.set()
-        await training
-        await expect(step).to_have_text(str(config.steps), timeout=WAIT_MS)
-        assert await page.evaluate("window.loadedOnce") is True
-        await page.screenshot(path=shots / "runs.png")
 
-        # Rollouts: a filter, then a search by id.
+        # Rollouts: filters, pages, a search by id.
         await page.click('nav a[data-view="rollouts"]')
         rows = page.locator("tr[data-rollout]")
         await expect(rows.first).to_be_visible(timeout=WAIT_MS)
@@ -114,7 +129,8 @@ async def test_watch_a_training_run_live(
         await page.select_option('select[name="mode"]', "train")
         await page.click('form.filters button[type="submit"]')
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # a page of them
-        await expect(page.locator("button.next")).to_be_visible()
+        await page.click("button.next")
+        await expect(rows).to_have_count(50, timeout=WAIT_MS)  # two steps: 128 rollouts
         await page.screenshot(path=shots / "rollouts.png")
         wanted = await rows.nth(3).get_attribute("data-rollout")
         assert wanted is not None
@@ -139,5 +155,18 @@ async def test_watch_a_training_run_live(
             await page.click(f'nav a[data-view="{view}"]')
             await expect(page.locator(marker).first).to_be_visible(timeout=WAIT_MS)
         await page.screenshot(path=shots / "resources.png")
+
+        # Back to the runs: the demo goes on, and the page follows it with no reload.
+        await page.click('nav a[data-view="runs"]')
+        await expect(step).to_have_text("2", timeout=WAIT_MS)
+        toured.set()
+        await expect(step).to_have_text(str(config.steps), timeout=WAIT_MS)
+        assert await page.evaluate("window.loadedOnce") is True
+        await page.screenshot(path=shots / "runs.png")
+        seen_last.set()
+        points = await training
+        assert [p.step for p in points] == list(range(1, config.steps + 1))
     finally:
-        await server.stop()
+        toured.set()
+        seen_last.set()
+        await asyncio.gather(training, return_exceptions=True)
