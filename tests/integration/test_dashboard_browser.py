@@ -129,9 +129,9 @@ async def test_watch_the_demo_live(
         await page.select_option('select[name="mode"]', "train")
         await page.click('form.filters button[type="submit"]')
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # a page of them
+        await page.screenshot(path=shots / "rollouts.png")
         await page.click("button.next")
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # two steps: 128 rollouts
-        await page.screenshot(path=shots / "rollouts.png")
         wanted = await rows.nth(3).get_attribute("data-rollout")
         assert wanted is not None
         await page.fill('input[name="id"]', wanted)
