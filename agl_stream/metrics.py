@@ -4,12 +4,15 @@ What a worker counts for its heartbeats is read at scrape time, in the worker's 
 loop (so a scrape sees one consistent snapshot), and named by the rules of `families` (pure).
 Durations the worker observes (an attempt, a projector batch, a trainer step) are histograms.
 Each worker has a registry of its own, so several workers in one process (tests) stay apart.
+Its tracer starts the spans of the worker's units of work; they go nowhere unless OTLP export
+is on (agl_stream.telemetry).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -23,6 +26,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from agl_stream.telemetry.spans import NO_TRACER, WorkerTracer
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +94,8 @@ class _Counts(Collector):
 
 
 class WorkerMetrics:
-    """One worker's registry: its counts (read when scraped) and the histograms it fills."""
+    """One worker's registry: its counts (read when scraped) and the histograms it fills; and
+    the tracer of its units of work."""
 
     def __init__(
         self,
@@ -102,6 +108,8 @@ class WorkerMetrics:
         self.registry.register(_Counts(role, counts, partitions))
         self._histograms: dict[str, Histogram] = {}
         self._gauges: dict[str, Gauge] = {}
+        self.started_ns = time.time_ns()  # where its counts start from
+        self.tracer: WorkerTracer = NO_TRACER  # a real one while OTLP export runs
 
     def observe(self, name: str, seconds: float, help_text: str) -> None:
         """Add one duration to the histogram agl_stream_<role>_<name>_seconds."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from typing import TYPE_CHECKING
 
 import click
@@ -19,6 +21,11 @@ from agl_stream.cli.common import (
 
 if TYPE_CHECKING:
     from agl_stream.serving.server import PolicyServer
+
+
+def _worker_id(role: str) -> str:
+    """Who this process is in its OTLP export (service.instance.id)."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
 def _url(value: str) -> str:
@@ -84,6 +91,7 @@ def serve(
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     from agl_stream.serving.server import PolicyServer
+    from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.device import apply_threads, placement
 
     where = placement(device, dtype, threads)
@@ -106,9 +114,12 @@ def serve(
         console.print(
             f"serving {served_model_name} on {url}/v1 ({where.describe()})", highlight=False
         )
-        follower = None if model_spec else asyncio.create_task(_follow(app, server, resource, pin))
         try:
-            await _until(stop, follower)
+            async with exporting(server.metrics, _worker_id("policy-server")):
+                follower = (
+                    None if model_spec else asyncio.create_task(_follow(app, server, resource, pin))
+                )
+                await _until(stop, follower)
         finally:
             await server.stop()
 
@@ -175,6 +186,7 @@ def gateway(
     from agl_stream.gateway.proxy import Gateway
     from agl_stream.kafka import producer
     from agl_stream.streams import EventPublisher, Topics
+    from agl_stream.telemetry.otlp import exporting
 
     base = _url(upstream)
 
@@ -187,7 +199,8 @@ def gateway(
                 url = await proxy.start(host, port)
             console.print(f"gateway on {url}/v1 -> {base}", highlight=False)
             try:
-                await stop.wait()
+                async with exporting(proxy.metrics, _worker_id("gateway")):
+                    await stop.wait()
             finally:
                 await proxy.stop()
                 console.print(f"gateway stopped: {proxy.counts}", highlight=False)

@@ -164,6 +164,7 @@ def run_trainer(
     app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
 ) -> None:
     from agl_stream.metrics import serving_metrics
+    from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.trainer import Trainer
 
     def show(report: Any) -> None:
@@ -183,7 +184,10 @@ def run_trainer(
     )
 
     async def main() -> None:
-        async with serving_metrics(trainer.metrics, metrics_host, metrics_port):
+        async with (
+            serving_metrics(trainer.metrics, metrics_host, metrics_port),
+            exporting(trainer.metrics, config.worker_id),
+        ):
             await trainer.run(stop_on_signals())
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ from agl_stream.gc_tuning import tune_for_throughput
 from agl_stream.metrics import serving_metrics
 from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.runner.worker import Runner, RunnerConfig
+from agl_stream.telemetry.otlp import exporting
 
 ROLES = ("runner", "projector", "trainer")
 
@@ -255,5 +256,8 @@ async def _run_until_signal(
         # waited for rare old-generation collections and a runner's RSS grew by half over
         # 10,000 rollouts in the runner benchmark, for no measurable gain.
         tune_for_throughput()
-    async with serving_metrics(runner.metrics, metrics_host, metrics_port):
+    async with (
+        serving_metrics(runner.metrics, metrics_host, metrics_port),
+        exporting(runner.metrics, runner.config.worker_id),
+    ):
         await runner.run(stop_on_signals())

@@ -144,7 +144,13 @@ class Projector:
         assert reader is not None
         ends = {(tp.topic, tp.partition): reader.highwater(tp) or 0 for tp in batch.next_offsets}
         began = time.monotonic()
-        outcome = await self.projection.apply(batch, ends)
+        with self.metrics.tracer.span("projector.batch") as span:
+            outcome = await self.projection.apply(batch, ends)
+            span.set_attributes({
+                "agl.records": len(batch), "agl.projector.outcome": type(outcome).__name__.lower(),
+            })  # fmt: skip
+            if isinstance(outcome, Applied):
+                span.set_attributes({"agl.events": outcome.events, "agl.spans": outcome.spans})
         if isinstance(outcome, Applied):
             self.metrics.observe(
                 "batch", time.monotonic() - began, "One batch's transaction in PostgreSQL."

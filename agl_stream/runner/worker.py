@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import RecordMetadata
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
@@ -69,6 +70,7 @@ from agl_stream.streams import (
     read_partition_from,
 )
 from agl_stream.supervision import Supervisor, restarting
+from agl_stream.telemetry.spans import fail
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,7 @@ class InFlight:
     job: asyncio.Task[None]
     handle: AttemptHandle = field(default_factory=AttemptHandle)
     attempt_id: str | None = None  # once its AttemptStarted is in the lane
+    span: Span = INVALID_SPAN  # the record's handling, from its claim to its end committed
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -318,8 +321,16 @@ class Runner:
             assert plan.action is Action.CANCEL
             assert cancel is not None
             work = self._end(claim, event, None, RolloutStatus.CANCELLED, cancelled_error(cancel))
-        job = asyncio.create_task(self._job(key, tp, item.offset, work))
-        self.in_flight[key] = InFlight(tp, item.offset, event, job)
+        span = self.metrics.tracer.start(
+            "runner.attempt" if plan.action is Action.RUN else "runner.cancel",
+            attributes={
+                "agl.rollout_id": event.rollout_id, "agl.attempt_number": event.attempt_number,
+                "agl.mode": event.mode.value, "agl.task.partition": tp.partition,
+                "agl.task.offset": item.offset,
+            },
+        )  # fmt: skip
+        job = asyncio.create_task(self._job(key, tp, item.offset, work, span))
+        self.in_flight[key] = InFlight(tp, item.offset, event, job, span=span)
 
     def _cancelled(self, tp: TopicPartition, event: RolloutCancelled) -> None:
         """A cancel read on one of this runner's partitions (by the loop, or earlier by the
@@ -334,7 +345,12 @@ class Runner:
                 flight.handle.request_cancel(cancelled_error(event))
 
     async def _job(
-        self, key: tuple[str, int], tp: TopicPartition, offset: int, work: Coroutine[Any, Any, None]
+        self,
+        key: tuple[str, int],
+        tp: TopicPartition,
+        offset: int,
+        work: Coroutine[Any, Any, None],
+        span: Span,
     ) -> None:
         """Run the work for one record; only when all its events are on the broker is the
         record finished (and its offset committable)."""
@@ -342,15 +358,18 @@ class Runner:
             await work
         except asyncio.CancelledError:
             self.in_flight.pop(key, None)  # handed back: the next owner runs it again
+            span.set_status(Status(StatusCode.ERROR, "handed back"))
             raise
         except LaneClosed as exc:
             # Fenced or failed: what it sent is not on the topics; the partition is rejoined.
             log.warning("rollout %s attempt %s abandoned: %s", *key, exc)
             self.in_flight.pop(key, None)
             self.counts["abandoned"] += 1
+            span.set_status(Status(StatusCode.ERROR, f"abandoned: {exc}"))
         except Exception as exc:
             log.exception("rollout %s attempt %s could not be recorded", *key)
             self.counts["errors"] += 1
+            fail(span, exc)
             try:
                 recorded = await self._fail_unrecorded(key, Claim(tp, offset), exc)
             except asyncio.CancelledError:  # handed back meanwhile: the next owner runs it
@@ -363,6 +382,7 @@ class Runner:
         else:
             self._finished(key, tp, offset)
         finally:
+            span.end()
             self._slot_freed.set()
 
     def _finished(self, key: tuple[str, int], tp: TopicPartition, offset: int) -> None:
@@ -433,11 +453,15 @@ class Runner:
     async def _attempt(self, key: tuple[str, int], claim: Claim, task: RolloutQueued) -> None:
         attempt_id = uuid.uuid4().hex
         began = time.monotonic()
-        try:
-            version = self.resources.resolve(task.resources_id)
-        except KeyError:
-            assert task.resources_id is not None
-            version = await self.resources.wait_for(task.resources_id, self.config.pin_wait_seconds)
+        tracer, root = self.metrics.tracer, self.in_flight[key].span
+        root.set_attribute("agl.attempt_id", attempt_id)
+        with tracer.span("runner.claim", root):  # its resources version, maybe waited for
+            try:
+                version = self.resources.resolve(task.resources_id)
+            except KeyError:
+                assert task.resources_id is not None
+                wait = self.config.pin_wait_seconds
+                version = await self.resources.wait_for(task.resources_id, wait)
         rollout = Rollout(
             rollout_id=task.rollout_id,
             attempt_id=attempt_id,
@@ -453,7 +477,8 @@ class Runner:
             attempt_number=task.attempt_number, worker_id=self.config.worker_id,
             resources_id=rollout.resources_id, task_offset=claim.offset,
         )  # fmt: skip
-        started = await lane.send("rollouts", started_event)
+        with tracer.span("runner.start", root):
+            started = await lane.send("rollouts", started_event)
         self.in_flight[key].attempt_id = attempt_id
         if task.resources_id is not None and version is None:
             message = f"no resources version {task.resources_id!r} has been published"
@@ -462,29 +487,36 @@ class Runner:
         else:
             resources = dict(version.resources) if version else {}
             handle = self.in_flight[key].handle
-            outcome = await execute(
-                self.config.agent, task, rollout, resources, lane, handle,
-                gateway=self.gateway,
+            with tracer.span("runner.agent", root) as agent:
+                outcome = await execute(
+                    self.config.agent, task, rollout, resources, lane, handle,
+                    gateway=self.gateway,
+                )  # fmt: skip
+                agent.set_attribute("agl.span_count", outcome.span_count)
+        root.set_attribute("agl.attempt.status", outcome.status.value)
+        if outcome.reward is not None:
+            root.set_attribute("agl.reward", outcome.reward)
+        with tracer.span("runner.end", root):  # the attempt's end and what follows, committed
+            self._landed(claim, "rollouts", started_event, await started)
+            finished = AttemptFinished(
+                rollout_id=task.rollout_id, attempt_id=attempt_id,
+                attempt_number=task.attempt_number, worker_id=self.config.worker_id,
+                status=outcome.status, error=outcome.error, span_count=outcome.span_count,
+                reward=outcome.reward,
             )  # fmt: skip
-        self._landed(claim, "rollouts", started_event, await started)
-        finished = AttemptFinished(
-            rollout_id=task.rollout_id, attempt_id=attempt_id,
-            attempt_number=task.attempt_number, worker_id=self.config.worker_id,
-            status=outcome.status, error=outcome.error, span_count=outcome.span_count,
-            reward=outcome.reward,
-        )  # fmt: skip
-        self.counts[f"attempts_{outcome.status.value}"] += 1
-        self.metrics.observe(
-            "attempt", time.monotonic() - began, "An attempt's time, its resources wait included."
-        )
-        if outcome.cancelled:
-            await self._end(
-                claim, task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished
-            )
-        else:
-            await self._apply_decision(claim, task, attempt_id, outcome, finished)
-        # Committed with the end or before it (the lane keeps order): done by now.
-        await asyncio.gather(*outcome.spans_sent)
+            self.counts[f"attempts_{outcome.status.value}"] += 1
+            self.metrics.observe(
+                "attempt", time.monotonic() - began,
+                "An attempt's time, its resources wait included.",
+            )  # fmt: skip
+            if outcome.cancelled:
+                await self._end(
+                    claim, task, attempt_id, RolloutStatus.CANCELLED, outcome.error, finished
+                )
+            else:
+                await self._apply_decision(claim, task, attempt_id, outcome, finished)
+            # Committed with the end or before it (the lane keeps order): done by now.
+            await asyncio.gather(*outcome.spans_sent)
 
     async def _apply_decision(
         self, claim: Claim, task: RolloutQueued, attempt_id: str, outcome: Outcome,
@@ -498,6 +530,7 @@ class Runner:
         if isinstance(decision, Requeue):
             await self._publish(claim, ("rollouts", finished), ("tasks", decision.queued))
             self.counts["requeued"] += 1
+            self._span_of(task).set_attribute("agl.requeued", True)
         else:
             await self._end(claim, task, attempt_id, decision.status, decision.error, finished)
 
@@ -518,6 +551,11 @@ class Runner:
         first = [("rollouts", finished)] if finished is not None else []
         await self._publish(claim, *first, ("rollouts", end))
         self.counts[f"rollouts_{status.value}"] += 1
+        self._span_of(task).set_attribute("agl.rollout.status", status.value)
+
+    def _span_of(self, task: RolloutQueued) -> Span:
+        flight = self.in_flight.get((task.rollout_id, task.attempt_number))
+        return flight.span if flight is not None else INVALID_SPAN
 
     # -- offsets, partitions ----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
@@ -32,6 +33,7 @@ from agl_stream.serving.api import (
 )
 from agl_stream.serving.engine import Batcher, Job, Loaded
 from agl_stream.training.device import Placement
+from agl_stream.telemetry.spans import Attributes
 from agl_stream.training.local_llm import local_llm
 
 log = logging.getLogger(__name__)
@@ -98,18 +100,23 @@ class PolicyServer:
             ):
                 await cache.changed()
                 continue
-            try:
-                began = time.monotonic()
-                llm = await asyncio.to_thread(local_llm, checkpoint, self.placement)
-                self.load(Loaded(llm.policy, version.resources_id))
-                self.metrics.observe(
-                    "reload", time.monotonic() - began, "Loading a published checkpoint."
-                )
-                self.metrics.set("version", version.version, "The resources version served.")
-            except (ValueError, OSError) as exc:
-                self.refused.add(version.resources_id)
-                log.error("cannot load %s: %s", version.resources_id, exc)
-                self._wake()
+            attributes: Attributes = {
+                "agl.resources_id": version.resources_id, "agl.version": version.version,
+            }  # fmt: skip
+            with self.metrics.tracer.span("policy_server.reload", attributes=attributes) as span:
+                try:
+                    began = time.monotonic()
+                    llm = await asyncio.to_thread(local_llm, checkpoint, self.placement)
+                    self.load(Loaded(llm.policy, version.resources_id))
+                    self.metrics.observe(
+                        "reload", time.monotonic() - began, "Loading a published checkpoint."
+                    )
+                    self.metrics.set("version", version.version, "The resources version served.")
+                except (ValueError, OSError) as exc:
+                    self.refused.add(version.resources_id)
+                    log.error("cannot load %s: %s", version.resources_id, exc)
+                    span.set_status(Status(StatusCode.ERROR, f"refused: {exc}"[:500]))
+                    self._wake()
 
     async def _catch_up(self, wanted: str | None) -> None:
         """A caller that ran on a version newer than the one served (the gateway says which

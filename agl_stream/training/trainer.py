@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from opentelemetry.trace import Span
 
 from agl_stream.config import ConfigError, KafkaSettings
 from agl_stream.events import (
@@ -303,18 +304,32 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
 
     async def _train_step(self, cons: AIOKafkaConsumer) -> None:
+        """One step, traced as trainer.step with its phases as children."""
+        attributes = {"agl.step": self.step + 1}
+        with self.metrics.tracer.span("trainer.step", attributes=attributes) as span:
+            report = await self._step(cons, span)
+            span.set_attributes({
+                "agl.samples": report.counts.get("samples", 0), "agl.version": report.version,
+                "agl.resources_id": report.resources_id, "agl.mean_reward": report.mean_reward,
+            })  # fmt: skip
+        if self.on_step is not None:
+            self.on_step(report)
+
+    async def _step(self, cons: AIOKafkaConsumer, span: Span) -> StepReport:
         assert self._grpo is not None
+        tracer = self.metrics.tracer
         started = time.monotonic()
         timings: dict[str, float] = {"ready_at": time.time()}  # the groups filled
         self._note_versions()
-        step_input = build_step(
-            self.groups.take(),
-            self.versions,
-            self.step,
-            self.config.staleness,
-            self.config.reward_rule,
-            self.config.grpo.scale_rewards,
-        )
+        with tracer.span("trainer.build", span):
+            step_input = build_step(
+                self.groups.take(),
+                self.versions,
+                self.step,
+                self.config.staleness,
+                self.config.reward_rule,
+                self.config.grpo.scale_rewards,
+            )
         evicted, self._evicted = self._evicted, []
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
@@ -323,8 +338,9 @@ class Trainer:
             self._dropped_incomplete = 0
         stats = None
         timings["build_s"] = time.monotonic() - started
-        if step_input.samples:
-            stats = await asyncio.to_thread(self._grpo.update, step_input.samples)
+        with tracer.span("trainer.update", span, {"agl.samples": len(step_input.samples)}):
+            if step_input.samples:  # none when every group's rewards were equal
+                stats = await asyncio.to_thread(self._grpo.update, step_input.samples)
         timings["update_s"] = time.monotonic() - started - timings["build_s"]
         for problem in step_input.problems[:MAX_PROBLEMS_KEPT]:
             log.warning("left out of step %d: %s", self.step + 1, problem)
@@ -336,10 +352,12 @@ class Trainer:
         state = self._state(cut, consumed, step_input, stats)
         state["timings"] = timings
         written = time.monotonic()
-        await asyncio.to_thread(self._write_checkpoint, state)
+        with tracer.span("trainer.checkpoint", span):
+            await asyncio.to_thread(self._write_checkpoint, state)
         self.cut = cut
         published = time.monotonic()
-        await self._publish_current()
+        with tracer.span("trainer.publish", span):
+            await self._publish_current()
         await self._prune()
         phases = {
             "update": timings["build_s"] + timings["update_s"],
@@ -349,9 +367,10 @@ class Trainer:
         for phase, seconds in phases.items():
             self.metrics.observe(phase, seconds, f"A step's {phase}.")
         if cut:
-            await cons.commit({
-                TopicPartition(self.topics.name(t), p): o for (t, p), o in cut.items()
-            })  # fmt: skip
+            with tracer.span("trainer.commit", span):
+                await cons.commit({
+                    TopicPartition(self.topics.name(t), p): o for (t, p), o in cut.items()
+                })  # fmt: skip
         self.counts["steps"] += 1
         self.counts["samples"] += len(step_input.samples)
         self.counts.update({k: v for k, v in step_input.counts.items() if "stale" in k})
@@ -362,8 +381,7 @@ class Trainer:
         log.info("step %d: mean reward %.3f, %s", report.step, report.mean_reward, report.counts)
         self.metrics.observe("step", report.seconds, "A step: update, checkpoint and publish.")
         self.metrics.set("mean_reward", report.mean_reward, "The latest step's mean reward.")
-        if self.on_step is not None:
-            self.on_step(report)
+        return report
 
     def _state(
         self,

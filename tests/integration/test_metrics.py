@@ -1,39 +1,62 @@
 """Every worker's /metrics, scraped over HTTP from `agl-stream worker` processes while they
-work: the values move with what the workers do."""
+work: the values move with what the workers do. The same processes export their units of
+work as spans, and the same metrics, by OTLP to a receiver in the test (tests/otlp_receiver.py);
+one whose collector never answers keeps working."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+from aiokafka import TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
-from agl_stream.events import RolloutMode
+from agl_stream.events import RolloutMode, SpanRecorded
+from agl_stream.streams import Topics, read_partitions
 from tests.integration.helpers import eventually
 from tests.integration.runs import queue, wait_terminal
+from tests.otlp_receiver import Receiver, black_hole, otlp_receiver
 from tests.scrape import Samples, value
 from tests.scrape import scrape as scrape_url
+
+# Exported often, so that the test waits on arrivals, not on the default minute.
+FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
 async def scrape(port: int) -> Samples:
     return await scrape_url(f"http://127.0.0.1:{port}/metrics")
 
 
+def otlp_environment(receiver: Receiver) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **FAST_EXPORT,
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=ci",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=agl",
+    }  # fmt: skip
+
+
 @asynccontextmanager
 async def worker(
-    kafka: KafkaSettings, database: DatabaseSettings, log: Path, *args: str
+    kafka: KafkaSettings,
+    database: DatabaseSettings,
+    log: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[int]:
-    """`agl-stream worker ARGS --metrics-port P` as a process; yields P once it answers."""
+    """`agl-stream worker ARGS --metrics-port P` as a process (with `env` added to its
+    environment); yields P once it answers, and stops it with SIGTERM (it must exit 0)."""
     port = free_port()
     with log.open("ab") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agl_stream.cli.main", "worker", *args, "--heartbeat", "1",
-            "--metrics-port", str(port), env=child_environment(kafka, database),
+            "--metrics-port", str(port), env={**child_environment(kafka, database), **(env or {})},
             stdout=out, stderr=out,
         )  # fmt: skip
     try:
@@ -48,42 +71,66 @@ async def worker(
 
         await eventually(answers, 60, f"{args[1]}'s metrics endpoint")
         yield port
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 60) == 0, f"see {log}"
     finally:
         if process.returncode is None:
             process.terminate()
         await asyncio.wait_for(process.wait(), 60)
 
 
-async def test_each_worker_serves_metrics_that_move(
+@asynccontextmanager
+async def policy_server(
+    kafka: KafkaSettings, log: Path, env: Mapping[str, str]
+) -> AsyncIterator[None]:
+    """`agl-stream serve` following the resources topic, as a process."""
+    with log.open("ab") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(free_port()),
+            env={**child_environment(kafka), **env}, stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 60)
+
+
+async def test_each_worker_serves_metrics_that_move_and_exports_them_by_otlp(
     kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
 ) -> None:
     log = tmp_path / "workers.log"
-    async with (
-        worker(kafka, database, log, "--role", "runner", "--agent", "tests.agents:behave",
-               "--concurrency", "8") as runner,
-        worker(kafka, database, log, "--role", "projector") as projector,
-        worker(kafka, database, log, "--role", "trainer", "--checkpoint-dir",
-               str(tmp_path / "checkpoints"), "--group-size", "2", "--groups-per-step", "1",
-               "--max-waiting", "4") as trainer,
-    ):  # fmt: skip
-        before = {name: await scrape(port) for name, port in
-                  (("runner", runner), ("projector", projector), ("trainer", trainer))}  # fmt: skip
-        ids = await queue(kafka, [{"spans": 2}] * 4, mode=RolloutMode.TRAIN,
-                          metadata={"group": "g"})  # fmt: skip
-        ids += await queue(kafka, [{"spans": 1, "fail_on_attempts": [1]}], max_attempts=1)
-        await wait_terminal(kafka, ids, 60)
+    async with otlp_receiver() as receiver:
+        otlp = otlp_environment(receiver)
+        async with (
+            worker(kafka, database, log, "--role", "runner", "--agent", "tests.agents:behave",
+                   "--concurrency", "8", env=otlp) as runner,
+            worker(kafka, database, log, "--role", "projector",
+                   env={**otlp, "OTEL_SERVICE_NAME": "my-projector"}) as projector,
+            worker(kafka, database, log, "--role", "trainer", "--checkpoint-dir",
+                   str(tmp_path / "checkpoints"), "--group-size", "2", "--groups-per-step", "1",
+                   "--max-waiting", "4", env=otlp) as trainer,
+            policy_server(kafka, log, otlp),
+        ):  # fmt: skip
+            ports = {"runner": runner, "projector": projector, "trainer": trainer}
+            before = {name: await scrape(port) for name, port in ports.items()}
+            ids = await queue(kafka, [{"spans": 2}] * 4, mode=RolloutMode.TRAIN,
+                              metadata={"group": "g"})  # fmt: skip
+            ids += await queue(kafka, [{"spans": 1, "fail_on_attempts": [1]}], max_attempts=1)
+            await wait_terminal(kafka, ids, 60)
 
-        async def moved() -> bool:
+            async def moved() -> bool:
+                r, p, t = await scrape(runner), await scrape(projector), await scrape(trainer)
+                return (
+                    value(r, "agl_stream_rollouts_total", status="succeeded") == 4
+                    and value(r, "agl_stream_rollouts_total", status="failed") == 1
+                    and value(p, "agl_stream_projector_spans_total") >= 9
+                    and value(t, "agl_stream_trainer_steps_total") == 2  # counted once published
+                )
+
+            await eventually(moved, 60, "every worker's metrics to count what happened")
             r, p, t = await scrape(runner), await scrape(projector), await scrape(trainer)
-            return (
-                value(r, "agl_stream_rollouts_total", status="succeeded") == 4
-                and value(r, "agl_stream_rollouts_total", status="failed") == 1
-                and value(p, "agl_stream_projector_spans_total") >= 9
-                and value(t, "agl_stream_trainer_steps_total") == 2  # counted once published
-            )
-
-        await eventually(moved, 60, "every worker's metrics to count what happened")
-        r, p, t = await scrape(runner), await scrape(projector), await scrape(trainer)
+            await receiver.wait(lambda: exported(receiver, r, p, t))
 
     assert before["runner"].get(("agl_stream_rollouts_total", (("status", "succeeded"),))) is None
     assert value(r, "agl_stream_attempts_total", status="failed") == 1
@@ -99,6 +146,96 @@ async def test_each_worker_serves_metrics_that_move(
     assert value(t, "agl_stream_trainer_step") == 2
     assert value(t, "agl_stream_trainer_step_seconds_count") == 2
     assert value(t, "agl_stream_trainer_records_total") > 0
+    await check_otlp(kafka, receiver, ids)
+
+
+def exported(receiver: Receiver, r: Samples, p: Samples, t: Samples) -> bool:
+    """The receiver holds every unit of work the workers did and metrics that say so, with
+    the values the Prometheus pages showed."""
+    runner, trainer = "agl-stream-runner", "agl-stream-trainer"
+    steps = {s.attributes["agl.step"]: s for s in receiver.named("trainer.step")}
+    reloaded = {s.attributes["agl.resources_id"] for s in receiver.named("policy_server.reload")}
+    return (
+        len(receiver.named("runner.attempt")) == 5
+        and all(len(receiver.children(a)) == 4 for a in receiver.named("runner.attempt"))
+        and len(steps) == 2
+        and steps[2].attributes["agl.resources_id"] in reloaded  # the latest, served
+        and bool(receiver.named("projector.batch", "my-projector"))
+        and receiver.value(runner, "agl_stream_rollouts", status="succeeded")
+        == value(r, "agl_stream_rollouts_total", status="succeeded")
+        and receiver.value(runner, "agl_stream_runner_attempt_seconds")
+        == value(r, "agl_stream_runner_attempt_seconds_count")
+        and receiver.value("my-projector", "agl_stream_projector_spans")
+        >= value(p, "agl_stream_projector_spans_total")
+        and receiver.value(trainer, "agl_stream_trainer_steps")
+        == value(t, "agl_stream_trainer_steps_total")
+        and receiver.value("agl-stream-policy-server", "agl_stream_policy_server_version") > 0
+    )
+
+
+async def check_otlp(kafka: KafkaSettings, receiver: Receiver, ids: list[str]) -> None:
+    attempts = receiver.named("runner.attempt")
+    span_counts: dict[str, int] = {}
+    assert sorted(a.attributes["agl.rollout_id"] for a in attempts) == sorted(ids)
+    assert sorted(a.attributes["agl.rollout.status"] for a in attempts) == [
+        "failed", *["succeeded"] * 4,
+    ]  # fmt: skip
+    for attempt in attempts:
+        assert attempt.parent_span_id == b""
+        assert attempt.resource["deployment.environment"] == "ci"  # OTEL_RESOURCE_ATTRIBUTES
+        assert attempt.resource["service.instance.id"].startswith("runner-")
+        phases = {c.name: c for c in receiver.children(attempt)}
+        assert sorted(phases) == ["runner.agent", "runner.claim", "runner.end", "runner.start"]
+        assert all(c.trace_id == attempt.trace_id for c in phases.values())
+        span_counts[attempt.attributes["agl.rollout_id"]] = phases["runner.agent"].attributes[
+            "agl.span_count"
+        ]
+    steps = receiver.named("trainer.step")
+    assert sorted(s.attributes["agl.step"] for s in steps) == [1, 2]
+    for step in steps:
+        assert sorted(c.name for c in receiver.children(step)) == [
+            "trainer.build", "trainer.checkpoint", "trainer.commit", "trainer.publish",
+            "trainer.update",
+        ]  # fmt: skip
+    published = {"grpo-v0"} | {s.attributes["agl.resources_id"] for s in steps}  # v0: at start
+    reloads = receiver.named("policy_server.reload", "agl-stream-policy-server")
+    assert {s.attributes["agl.resources_id"] for s in reloads} <= published
+    assert all(s.status_code != 2 for s in reloads)  # loaded, not refused
+    batches = receiver.named("projector.batch", "my-projector")  # OTEL_SERVICE_NAME
+    assert sum(int(b.attributes.get("agl.spans", 0)) for b in batches) >= 9
+    assert all(h.get("x-tenant") == "agl" for h in receiver.headers)  # OTEL_EXPORTER_OTLP_HEADERS
+    # The agents' own spans are data on the spans topic, in traces of their own: no worker
+    # span is their parent, and none was exported.
+    topics = Topics(kafka)
+    tps = [TopicPartition(topics.name("spans"), i) for i in range(topics.specs["spans"].partitions)]
+    agents = [e for e in await read_partitions(kafka, tps) if isinstance(e, SpanRecorded)]
+    assert span_counts == Counter(e.rollout_id for e in agents)
+    worker_traces = {s.trace_id.hex() for s in receiver.spans}
+    assert not worker_traces & {e.trace_id for e in agents}
+    assert all(e.parent_span_id is None for e in agents if e.name == "agl.attempt")
+    assert not {s.name for s in receiver.spans} & {e.name for e in agents}
+
+
+async def test_a_runner_whose_collector_never_answers_keeps_working(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    log = tmp_path / "runner.log"
+    async with black_hole() as url:
+        otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_MAX_QUEUE_SIZE": "16",
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8", **FAST_EXPORT}  # fmt: skip
+        args = ("--role", "runner", "--agent", "tests.agents:behave", "--concurrency", "8")
+        async with worker(kafka, database, log, *args, env=otlp) as runner:
+            ids = await queue(kafka, [{"spans": 1}] * 20)
+            await wait_terminal(kafka, ids, 60)
+            samples = await scrape(runner)
+        # It stopped on SIGTERM with exit status 0 (worker() checks), its exports still stuck.
+    assert value(samples, "agl_stream_rollouts_total", status="succeeded") == 20
+    # 20 attempts of 5 spans: at most 16 queued and 8 in flight; the rest dropped, counted.
+    dropped = value(samples, "agl_stream_runner_otlp_dropped_total", signal="traces",
+                    reason="queue_full")  # fmt: skip
+    assert dropped >= 20 * 5 - 16 - 8
+    assert value(samples, "agl_stream_runner_otlp_exported_total", signal="traces") == 0
+    assert "OTLP traces export:" in log.read_text()  # the reason, logged
 
 
 async def test_a_taken_metrics_port_stops_the_worker_with_the_setting_named(
