@@ -35,10 +35,13 @@ PREFIX = "agl_stream"
 # Counts that go up and down (the rest only grow: counters).
 GAUGES = frozenset({
     "ledger_rollouts", "in_flight", "lag", "step", "waiting_trajectories", "pending_rollouts",
-    "takeover_ms_last",
+    "takeover_ms_last", "round",
 })  # fmt: skip
-# Counts with a label: rollouts_succeeded -> agl_stream_rollouts_total{status="succeeded"}.
+# Counts with a label: rollouts_succeeded -> agl_stream_rollouts_total{status="succeeded"}
+# (a runner's; APO's under agl_stream_apo_).
 LABELLED = {"rollouts_": ("rollouts", "status"), "attempts_": ("attempts", "status")}
+LABELLED_ROLES = {"runner": PREFIX, "apo": f"{PREFIX}_apo"}
+ENDED_BY = {"runner": "this runner ended", "apo": "of APO's batches that ended"}
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -47,20 +50,20 @@ class MetricsError(RuntimeError):
 
 
 def families(role: str, counts: Mapping[str, float]) -> list[Metric]:
-    """A worker's counts as metric families (pure): `rollouts_*` and `attempts_*` by status,
-    the names in GAUGES as gauges, every other count a counter, all under agl_stream_<role>_
-    (the labelled ones under agl_stream_)."""
+    """A worker's counts as metric families (pure): a runner's and APO's `rollouts_*` and
+    `attempts_*` by status, the names in GAUGES as gauges, every other count a counter, all
+    under agl_stream_<role>_ (a runner's labelled ones under agl_stream_)."""
     labelled: dict[str, CounterMetricFamily] = {}
     out: list[Metric] = []
     for name, value in sorted(counts.items()):
         prefix = next((p for p in LABELLED if name.startswith(p)), None)
-        if prefix is not None and role == "runner":
+        if prefix is not None and role in LABELLED_ROLES:
             metric, label = LABELLED[prefix]
             family = labelled.get(metric)
             if family is None:
                 family = labelled[metric] = CounterMetricFamily(
-                    f"{PREFIX}_{metric}", f"{metric.capitalize()} this runner ended, by status.",
-                    labels=[label],
+                    f"{LABELLED_ROLES[role]}_{metric}",
+                    f"{metric.capitalize()} {ENDED_BY[role]}, by status.", labels=[label],
                 )  # fmt: skip
             family.add_metric([name[len(prefix) :]], value)
         elif name in GAUGES:

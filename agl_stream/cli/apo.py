@@ -101,7 +101,11 @@ def apo_config(options: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
-def run_apo(app: AppContext, config: Any) -> None:
+def run_apo(
+    app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
+) -> None:
+    from agl_stream.metrics import serving_metrics
+    from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.apo.optimizer import Apo, ApoError
 
     def show(report: Any) -> None:
@@ -134,7 +138,11 @@ def run_apo(app: AppContext, config: Any) -> None:
         )
 
         async def main() -> Any:
-            return await apo.run(stop_on_signals())
+            async with (
+                serving_metrics(apo.metrics, metrics_host, metrics_port),
+                exporting(apo.metrics, config.worker_id),
+            ):
+                return await apo.run(stop_on_signals())
 
         try:
             state = asyncio.run(main())

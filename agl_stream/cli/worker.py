@@ -111,8 +111,8 @@ ROLES = ("runner", "projector", "trainer")
     default=0,
     show_default=True,
     envvar="AGL_STREAM_METRICS_PORT",
-    help="Serve Prometheus metrics on this port at /metrics (0: off; runner, projector and "
-    "GRPO trainer). [env: AGL_STREAM_METRICS_PORT]",
+    help="Serve Prometheus metrics on this port at /metrics (0: off). "
+    "[env: AGL_STREAM_METRICS_PORT]",
 )
 @click.option(
     "--metrics-host",
@@ -191,7 +191,7 @@ def worker(
         apo = apo_config(trainer)
         if worker_id:
             apo.worker_id = worker_id
-        run_apo(app, apo)
+        run_apo(app, apo, metrics_host, metrics_port)
         return
     if role == "trainer":
         config = trainer_config(**trainer)

@@ -6,22 +6,30 @@ one whose collector never answers keeps working."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import pytest
+from aiohttp import web
 from aiokafka import TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.embedded.process import free_port
-from agl_stream.events import RolloutMode, SpanRecorded
+from agl_stream.events import LLM, RolloutMode, SpanRecorded
 from agl_stream.streams import Topics, read_partitions
+from agl_stream.training.apo.optimizer import read_state
+from agl_stream.training.apo.prompts import CRITIQUE_SYSTEM
+from tests import apo_world
 from tests.integration.helpers import eventually
-from tests.integration.runs import queue, wait_terminal
+from tests.integration.projection import projector_in_process
+from tests.integration.runs import publish_resources, queue, runner_in_process, wait_terminal
 from tests.otlp_receiver import Receiver, black_hole, otlp_receiver
 from tests.scrape import Samples, value
 from tests.scrape import scrape as scrape_url
@@ -236,6 +244,114 @@ async def test_a_runner_whose_collector_never_answers_keeps_working(
     assert dropped >= 20 * 5 - 16 - 8
     assert value(samples, "agl_stream_runner_otlp_exported_total", signal="traces") == 0
     assert "OTLP traces export:" in log.read_text()  # the reason, logged
+
+
+@asynccontextmanager
+async def optimizer_endpoint(hold_critiques: asyncio.Event) -> AsyncIterator[str]:
+    """tests/apo_world.py's optimizer LLM, holding every critique until the event is set (so
+    the test scrapes APO between its rounds 0 and 1)."""
+
+    @web.middleware
+    async def hold(request: web.Request, handler: Any) -> web.StreamResponse:
+        body = await request.json()  # kept: the handler reads it again
+        if body["messages"][0]["content"] == CRITIQUE_SYSTEM:
+            await hold_critiques.wait()
+        return await handler(request)
+
+    app = apo_world.app()
+    app.middlewares.append(hold)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_apo_serves_its_metrics_and_exports_its_rounds(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    """A real APO run (`worker --role trainer --algorithm apo`, as test_apo runs it) with a
+    runner and a projector: scraped between its rounds, and its rounds as OTLP spans."""
+    log = tmp_path / "apo.log"
+    for name, seed, count in (("train", 1, 12), ("val", 2, 10)):
+        lines = [json.dumps(t) + "\n" for t in apo_world.tasks(count, seed=seed)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(lines))
+    critiques = asyncio.Event()
+    async with (
+        otlp_receiver() as receiver,
+        optimizer_endpoint(critiques) as endpoint,
+        projector_in_process(kafka, database),
+        runner_in_process(kafka, "tests.apo_world:follow_rules", concurrency=16,
+                          pin_wait_seconds=60),
+    ):  # fmt: skip
+        await publish_resources(kafka, "setup-v0", llm=LLM(endpoint=endpoint, model="rules"))
+        args = (
+            "--role", "trainer", "--algorithm", "apo", "--checkpoint-dir", str(tmp_path / "apo"),
+            "--train-tasks", str(tmp_path / "train.jsonl"), "--val-tasks",
+            str(tmp_path / "val.jsonl"), "--optimizer-endpoint", endpoint,
+            "--optimizer-model", "rules", "--prompt", apo_world.SEED_TEMPLATE, "--rounds", "1",
+            "--branch", "2", "--train-batch", "4",
+        )  # fmt: skip
+        port = free_port()
+        with log.open("ab") as out:
+            apo = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agl_stream.cli.main", "worker", *args, "--metrics-port",
+                str(port), env={**child_environment(kafka, database), **otlp_environment(receiver)},
+                stdout=out, stderr=out,
+            )  # fmt: skip
+
+        async def critique_asked() -> bool:  # round 0 measured, round 1's batch run, held
+            assert apo.returncode is None, log.read_text()[-3000:]
+            try:
+                samples = await scrape(port)
+            except aiohttp.ClientConnectionError:
+                return False
+            return value(samples, "agl_stream_apo_batch_seconds_count") == 2
+
+        await eventually(critique_asked, 120, "APO to measure the seed and ask a critique")
+        between = await scrape(port)
+        critiques.set()
+        # It ends by itself after its last round; its last export holds the final values.
+        assert await asyncio.wait_for(apo.wait(), 120) == 0, log.read_text()[-3000:]
+
+    assert value(between, "agl_stream_apo_rounds_total") == 1
+    assert value(between, "agl_stream_apo_round") == 1
+    assert value(between, "agl_stream_apo_candidates_evaluated_total") == 1
+    assert value(between, "agl_stream_apo_rollouts_total", status="succeeded") == 10 + 4
+    assert value(between, "agl_stream_apo_queued_total") == 10 + 4
+    assert value(between, "agl_stream_apo_best_score") == 0.0  # the seed asks nothing wanted
+    assert value(between, "agl_stream_apo_round_seconds_count") == 1
+    assert value(between, "agl_stream_apo_optimizer_call_seconds_count") == 0  # held
+    state = read_state(str(tmp_path / "apo"))
+    assert state is not None
+    best = state.best()
+    assert best is not None
+    assert best.score is not None
+    assert best.score > 0
+    # The last export, after the run: the values at its end.
+    final = {p.metric: p.value for p in receiver.points if p.service == "agl-stream-apo"}
+    assert final["agl_stream_apo_rounds"] == 2
+    assert final["agl_stream_apo_best_score"] == pytest.approx(best.score)
+    assert final["agl_stream_apo_candidates_evaluated"] == 3  # the seed and two rewrites
+    assert receiver.value(
+        "agl-stream-apo", "agl_stream_apo_rollouts", status="succeeded"
+    ) == 10 + 4 + 2 * 10  # fmt: skip
+    assert final["agl_stream_apo_optimizer_call_seconds"] == 1 + 2  # critique, rewrites
+    rounds = sorted(receiver.named("apo.round"), key=lambda s: s.attributes["agl.apo.round"])
+    assert [r.attributes["agl.apo.round"] for r in rounds] == [0, 1]
+    assert rounds[1].attributes["agl.apo.best"] == best.cid
+    assert rounds[1].attributes["agl.apo.best_score"] == pytest.approx(best.score)
+    batches = [c.attributes["agl.apo.batch"] for c in receiver.children(rounds[1])
+               if c.name == "apo.batch"]  # fmt: skip
+    assert sorted(batches) == ["c1-val", "c2-val", "r1-c0-train"]
+    calls = [c.attributes["agl.apo.call"] for c in receiver.children(rounds[1])
+             if c.name == "apo.optimizer_call"]  # fmt: skip
+    assert sorted(calls) == ["critique", "rewrite", "rewrite"]
+    [seed] = [c for c in receiver.children(rounds[0]) if c.name == "apo.batch"]
+    assert seed.attributes["agl.apo.rollouts.succeeded"] == 10
 
 
 async def test_a_taken_metrics_port_stops_the_worker_with_the_setting_named(

@@ -26,9 +26,18 @@ def test_counts_become_labelled_counters_gauges_and_counters() -> None:
     assert named["agl_stream_attempts"] == ("counter", [({"status": "timeout"}, 2)])
     assert named["agl_stream_runner_in_flight"] == ("gauge", [({}, 5)])
     assert named["agl_stream_runner_rejoins"] == ("counter", [({}, 7)])
-    # Only a runner's rollouts_ and attempts_ are by status; other roles keep the name.
+    # Only a runner's and APO's rollouts_ and attempts_ are by status; other roles keep the name.
     [other] = families("trainer", {"attempts_dropped": 1})
     assert other.name == "agl_stream_trainer_attempts_dropped"
+    counts = {"rollouts_succeeded": 3, "round": 2, "rounds": 1}
+    apo = {
+        f.name: (f.type, [(s.labels, s.value) for s in f.samples]) for f in families("apo", counts)
+    }
+    assert apo == {
+        "agl_stream_apo_rollouts": ("counter", [({"status": "succeeded"}, 3)]),
+        "agl_stream_apo_round": ("gauge", [({}, 2)]),
+        "agl_stream_apo_rounds": ("counter", [({}, 1)]),
+    }
 
 
 def test_the_exposition_reads_counts_when_scraped_and_holds_histograms() -> None:

@@ -12,6 +12,10 @@ rollouts that pin it, so other work keeps the latest. Results are read from the 
 read model, so a projector must be running. Every step is written to the state file before
 its effect; a restarted optimizer republishes the same versions and queues only the
 rollouts that are not on the tasks topic yet, so nothing is lost or done twice.
+
+Its metrics (agl_stream_apo_*: rounds, candidates, rollouts by status, the best score, round
+and batch times) are served by `--metrics-port`; each round is a span (apo.round) with its
+batches and optimizer calls as children when OTLP export is on.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
+from opentelemetry.trace import Span
 
 from agl_stream.agent.llm import LLM_CALL_SPAN
 from agl_stream.config import DatabaseSettings, KafkaSettings
@@ -37,10 +44,12 @@ from agl_stream.events import (
     TemplateEngine,
 )
 from agl_stream.kafka import end_offsets, producer
+from agl_stream.metrics import WorkerMetrics
 from agl_stream.queries import ReadModel
 from agl_stream.queries.models import Rollout
 from agl_stream.resources import Change, ResourcesPublisher, read_resources
 from agl_stream.streams import EventPublisher, Topics
+from agl_stream.telemetry.spans import Attributes
 from agl_stream.templates import TemplateError
 from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.apo.prompts import (
@@ -127,6 +136,9 @@ class Apo:
         self._resources: ResourcesPublisher | None = None
         self._model: ReadModel | None = None
         self._client: Any = None
+        self.counts: Counter[str] = Counter()
+        self.metrics = WorkerMetrics("apo", self._counts)
+        self._round_span: Span | None = None  # the round running, for its children
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -147,26 +159,52 @@ class Apo:
             self._resources = resources
             self._model, self._client = model, client
             state = self.state = await self._load_or_start()
+            best = state.best()
+            if best is not None and best.score is not None:  # resumed
+                self._best_score(best.score)
             await self._republish(state)
             while not stop.is_set() and state.round <= cfg.rounds:
                 await self._round(state, stop)
         return state
 
     async def _round(self, state: ApoState, stop: asyncio.Event) -> None:
+        began = time.monotonic()
+        attributes: Attributes = {"agl.apo.run_id": state.run_id, "agl.apo.round": state.round}
+        with self.metrics.tracer.span("apo.round", attributes=attributes) as span:
+            self._round_span = span
+            report = await self._run_round(state, stop)
+            if report is None:
+                span.set_attribute("agl.apo.stopped", True)
+                return  # the next start goes on from the state file
+            span.set_attributes({
+                "agl.apo.best": report.best.cid, "agl.apo.best_score": report.best.score or 0.0,
+                "agl.apo.candidates": len(report.candidates),
+                "agl.apo.rejected": sum(1 for c in report.candidates if c.rejected),
+                "agl.apo.published": report.published or "",
+            })  # fmt: skip
+        self.counts["rounds"] += 1
+        self.metrics.observe(
+            "round", time.monotonic() - began,
+            "A round: its rollouts, critiques, rewrites and measuring.",
+        )  # fmt: skip
+        if self.on_round is not None:
+            self.on_round(report)
+
+    async def _run_round(self, state: ApoState, stop: asyncio.Event) -> RoundReport | None:
         made: list[Candidate] = []
         if state.round == 0:
             made = [state.candidates["c0"]]
         else:
             for parent in list(state.beam):
                 if stop.is_set():
-                    return
+                    return None
                 made += await self._branch(state, parent)
         valid = [c for c in made if c.rejected is None]
         for candidate in valid:
             await self._publish_candidate(state, candidate)
         for candidate in valid:
             if stop.is_set():
-                return
+                return None
             await self._measure(state, candidate)
         state.beam = select_beam(
             [state.candidates[c] for c in state.beam] + valid, self.config.beam_width
@@ -174,6 +212,7 @@ class Apo:
         best = state.best()
         if best is None:
             raise ApoError("no candidate could be measured")
+        self._best_score(best.score or 0.0)
         published = None
         if not state.published or state.published[-1].cid != best.cid:
             published = await self._publish_best(state, best)
@@ -184,8 +223,16 @@ class Apo:
         })  # fmt: skip
         state.round += 1
         self._save(state)
-        if self.on_round is not None:
-            self.on_round(RoundReport(state.round - 1, best, made, published))
+        return RoundReport(state.round - 1, best, made, published)
+
+    def _best_score(self, score: float) -> None:
+        self.metrics.set(
+            "best_score", score, "The best mean validation reward of the run's candidates."
+        )
+
+    def _counts(self) -> dict[str, float]:
+        """What the metrics count, with the round the run is at."""
+        return {**self.counts, "round": self.state.round if self.state is not None else 0}
 
     # -- one parent's children ----------------------------------------------------------------
 
@@ -201,7 +248,9 @@ class Apo:
             tasks = [cfg.train_tasks[i] for i in indexes]
             rollouts = await self._run_batch(state, batch, tasks, parent, RolloutMode.TRAIN)
             examples = await self._examples(rollouts)
-            answer = await self._ask(critique_messages(parent.template, examples), seed=None)
+            answer = await self._ask(
+                critique_messages(parent.template, examples), seed=None, kind="critique"
+            )
             state.critiques[key] = answer
             self._save(state)
         critique = state.critiques[key]
@@ -211,30 +260,40 @@ class Apo:
             answer = await self._ask(
                 rewrite_messages(parent.template, critique, names, variant, cfg.branch),
                 seed=cfg.seed * 1000 + variant,
+                kind="rewrite",
             )
             text = read_candidate(answer)
             reason = check_candidate(text, parent.template, state.engine, state.templates())
             child = state.add_candidate(text, parent_id, reason)
             if reason:
+                self.counts["candidates_rejected"] += 1
                 log.warning("round %d: rewrite %s of %s rejected: %s",
                             state.round, child.cid, parent_id, reason)  # fmt: skip
             self._save(state)
             children.append(child)
         return children
 
-    async def _ask(self, messages: list[dict[str, str]], seed: int | None) -> str:
+    async def _ask(self, messages: list[dict[str, str]], seed: int | None, kind: str) -> str:
         import openai
 
         cfg = self.config
         options: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
         if seed is not None:
             options["seed"] = seed
+        began = time.monotonic()
+        attributes = {"agl.apo.call": kind, "gen_ai.request.model": cfg.optimizer_model}
         try:
-            reply = await self._client.chat.completions.create(
-                model=cfg.optimizer_model, messages=messages, **options
-            )
+            with self.metrics.tracer.span("apo.optimizer_call", self._round_span, attributes):
+                reply = await self._client.chat.completions.create(
+                    model=cfg.optimizer_model, messages=messages, **options
+                )
         except openai.APIError as exc:
             raise ApoError(f"the optimizer LLM at {cfg.optimizer_endpoint} failed: {exc}") from None
+        finally:
+            self.metrics.observe(
+                "optimizer_call", time.monotonic() - began,
+                "A critique or rewrite asked of the optimizer LLM.",
+            )  # fmt: skip
         if not reply.choices:
             raise ApoError(f"the optimizer LLM at {cfg.optimizer_endpoint} gave no answer")
         return str(reply.choices[0].message.content or "")
@@ -269,6 +328,7 @@ class Apo:
         )
         candidate.rewards = [r.reward if r.status == "succeeded" else None for r in rollouts]
         self._save(state)
+        self.counts["candidates_evaluated"] += 1
         log.info("%s: score %.4f over %d rollouts", candidate.cid, candidate.score or 0.0,
                  len(rollouts))  # fmt: skip
 
@@ -281,6 +341,28 @@ class Apo:
         mode: RolloutMode,
     ) -> list[Rollout]:
         """Run `tasks` pinned to the candidate's version; their rollouts once all finished."""
+        began = time.monotonic()
+        attributes = {"agl.apo.batch": batch, "agl.apo.candidate": candidate.cid,
+                      "agl.mode": mode.value, "agl.apo.rollouts": len(tasks)}  # fmt: skip
+        with self.metrics.tracer.span("apo.batch", self._round_span, attributes) as span:
+            rollouts = await self._queue_and_wait(state, batch, tasks, candidate, mode)
+            statuses = Counter(r.status for r in rollouts)
+            span.set_attributes({f"agl.apo.rollouts.{k}": v for k, v in statuses.items()})
+        self.counts.update({f"rollouts_{k}": v for k, v in statuses.items()})
+        self.metrics.observe(
+            "batch", time.monotonic() - began,
+            "A batch of rollouts, from queueing until all ended and were read.",
+        )  # fmt: skip
+        return rollouts
+
+    async def _queue_and_wait(
+        self,
+        state: ApoState,
+        batch: str,
+        tasks: list[Any],
+        candidate: Candidate,
+        mode: RolloutMode,
+    ) -> list[Rollout]:
         assert self._model is not None
         assert self._publisher is not None
         ids = [f"{state.run_id}-{batch}-{i}" for i in range(len(tasks))]
@@ -301,6 +383,7 @@ class Apo:
                 if rollout_id not in present
             ]
             await self._publisher.publish_many("tasks", events)
+            self.counts["queued"] += len(events)
             state.batches[batch] = "queued"
             self._save(state)
         what = f"round {state.round}: {candidate.cid} on {len(ids)} {mode.value} tasks"
@@ -369,6 +452,7 @@ class Apo:
         state.published.append(entry)
         self._save(state)
         await self._send_published(state, entry)
+        self.counts["published"] += 1
         return entry.resources_id
 
     async def _send_published(self, state: ApoState, entry: Published) -> None:
