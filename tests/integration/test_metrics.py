@@ -127,17 +127,23 @@ async def test_each_worker_serves_metrics_that_move_and_exports_them_by_otlp(
             ids += await queue(kafka, [{"spans": 1, "fail_on_attempts": [1]}], max_attempts=1)
             await wait_terminal(kafka, ids, 60)
 
+            seen: list[Samples] = []
+
             async def moved() -> bool:
-                r, p, t = await scrape(runner), await scrape(projector), await scrape(trainer)
+                seen[:] = [await scrape(runner), await scrape(projector), await scrape(trainer)]
+                r, p, t = seen
                 return (
                     value(r, "agl_stream_rollouts_total", status="succeeded") == 4
                     and value(r, "agl_stream_rollouts_total", status="failed") == 1
                     and value(p, "agl_stream_projector_spans_total") >= 9
+                    # Heartbeats land every second: read at a moment it has caught up (a page
+                    # read after this one could find the latest heartbeat not projected yet).
+                    and value(p, "agl_stream_projector_lag") == 0
                     and value(t, "agl_stream_trainer_steps_total") == 2  # counted once published
                 )
 
             await eventually(moved, 60, "every worker's metrics to count what happened")
-            r, p, t = await scrape(runner), await scrape(projector), await scrape(trainer)
+            r, p, t = seen
             await receiver.wait(lambda: exported(receiver, r, p, t))
 
     assert before["runner"].get(("agl_stream_rollouts_total", (("status", "succeeded"),))) is None
