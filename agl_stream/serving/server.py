@@ -32,8 +32,8 @@ from agl_stream.serving.api import (
     response_body,
 )
 from agl_stream.serving.engine import Batcher, Job, Loaded
-from agl_stream.training.device import Placement
 from agl_stream.telemetry.spans import Attributes
+from agl_stream.training.device import Placement
 from agl_stream.training.local_llm import local_llm
 
 log = logging.getLogger(__name__)
