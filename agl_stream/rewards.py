@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 AGL_REWARD = "agl.reward"  # emit_reward's span; its attribute of the same name is the reward
@@ -57,3 +57,33 @@ def _json_object(value: Any) -> Mapping[str, Any] | None:
     except ValueError:
         return None
     return decoded if isinstance(decoded, Mapping) else None
+
+
+# -- rewards given from outside an attempt (RewardRecorded) ------------------------------------
+
+UNKNOWN_ROLLOUT = "unknown_rollout"
+UNKNOWN_ATTEMPT = "unknown_attempt"
+
+
+def late_reward_refusal(
+    rollout_id: str, attempt_id: str | None, attempts_before: Collection[str]
+) -> tuple[str, str] | None:
+    """Why a RewardRecorded does not count, as (dead-letter kind, reason), or None when it does.
+
+    The rule every consumer applies, decided by one partition's order alone (so the same in
+    any interleaving across topics, and in a replay): a reward counts when an AttemptStarted
+    or AttemptFinished of its rollout, and of the attempt it names if it names one, lies
+    before it in its partition of the rollouts topic. `attempts_before` are the ids of those
+    attempts."""
+    if not attempts_before:
+        return UNKNOWN_ROLLOUT, (
+            f"a reward for rollout {rollout_id!r}, which has no attempt before it on its "
+            "rollouts partition (unknown rollout: rewards count only after an AttemptStarted "
+            "or AttemptFinished of their rollout)"
+        )
+    if attempt_id is not None and attempt_id not in attempts_before:
+        return UNKNOWN_ATTEMPT, (
+            f"a reward for attempt {attempt_id!r} of rollout {rollout_id!r}, which has no "
+            "such attempt before it on its rollouts partition (unknown attempt)"
+        )
+    return None

@@ -75,10 +75,11 @@ def record_llm_call(
     started_ns: int | None = None,
     error: BaseException | str | None = None,
     parent: Context | None = None,
-) -> None:
+) -> str:
     """Record one LLM call as a span of the current attempt; `started_ns` (time.time_ns()
     when the request was sent) makes the span's duration the call's latency; `parent` places
-    it in a trace other than the current one (the gateway: the attempt's)."""
+    it in a trace other than the current one (the gateway: the attempt's). Returns the span's
+    id (16 hex digits), by which a late reward can name the call."""
     with tracer().start_as_current_span(
         LLM_CALL_SPAN,
         context=parent,
@@ -90,3 +91,4 @@ def record_llm_call(
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         elif error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
+        return format(span.get_span_context().span_id, "016x")

@@ -21,6 +21,7 @@ from agl_stream.cli import (
     stack,
     status,
     topics,
+    traffic,
     train,
     worker,
 )
@@ -79,6 +80,7 @@ cli.add_command(resources.resources)
 cli.add_command(replay.replay_command)
 cli.add_command(train.retrain_command)
 cli.add_command(train.checkpoints_command)
+cli.add_command(traffic.reward_command)
 
 
 if __name__ == "__main__":

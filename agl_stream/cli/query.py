@@ -247,6 +247,58 @@ def spans(
 
 
 @query.command()
+@click.argument("rollout_id", required=False)
+@click.option("--attempt", "attempt_id", help="Only rewards for this attempt.")
+@click.option("--name", help="Only rewards of this name.")
+@click.option("--since", type=TIME, help="Given from this time (ISO 8601, or an age: 1h, 7d).")
+@click.option("--until", type=TIME, help="Given before this time.")
+@click.option("--limit", type=int, default=1000, show_default=True)
+@_read_model_option
+@_json_option
+@click.pass_obj
+@friendly_errors
+def rewards(
+    app: AppContext,
+    rollout_id: str | None,
+    attempt_id: str | None,
+    name: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    read_model: str | None,
+    as_json: bool,
+) -> None:
+    """Rewards given from outside attempts (`agl-stream reward`, the HTTP endpoint, other
+    systems), of one rollout or of all, newest first."""
+    found = _ask(
+        app,
+        read_model,
+        lambda rm: rm.rewards(
+            rollout_id, attempt_id=attempt_id, name=name, since=since, until=until, limit=limit
+        ),
+    )
+    if as_json:
+        _print_json(found)
+        return
+    _table(
+        f"rewards{' of ' + rollout_id if rollout_id else ''} ({len(found)})",
+        ("rollout", "attempt", "call", "name", "value", "source", "given"),
+        [
+            (
+                r.rollout_id,
+                r.attempt_id or "-",
+                r.span_id or "-",
+                r.name,
+                _n(r.value),
+                r.source or "-",
+                _t(r.given_at),
+            )
+            for r in found
+        ],
+    )
+
+
+@query.command()
 @click.option("--name", help="Only versions holding this resource (e.g. a prompt template).")
 @click.option("--latest", is_flag=True, help="Only the latest version.")
 @click.option("--limit", type=int, default=50, show_default=True)

@@ -172,29 +172,86 @@ async def _until(stop: asyncio.Event, task: asyncio.Task[None] | None) -> None:
     show_default=True,
     help="Seconds the upstream may stay silent before the call fails with a 504.",
 )
+@click.option(
+    "--session-header",
+    default="X-AGL-Session",
+    show_default=True,
+    help="Calls with this header are one session (rollout) per key, trained on.",
+)
+@click.option(
+    "--session-prefix", default="session-", show_default=True, help="Rollout id = PREFIX + key."
+)
+@click.option(
+    "--session-idle",
+    type=click.FloatRange(0.1),
+    default=300.0,
+    show_default=True,
+    help="Seconds without calls that end a session (X-AGL-Session-End: 1 ends it at once).",
+)
+@click.option(
+    "--session-mode",
+    type=click.Choice(["train", "val", "test"]),
+    default="train",
+    show_default=True,
+    help="The mode of session rollouts (train: the trainer learns from them).",
+)
+@click.option(
+    "--reward-token",
+    envvar="AGL_STREAM_REWARD_TOKEN",
+    metavar="TOKEN",
+    help="Bearer token of POST /rewards (off without one). [env: AGL_STREAM_REWARD_TOKEN]",
+)
 @click.pass_obj
 @friendly_errors
 def gateway(
-    app: AppContext, /, upstream: str, host: str, port: int, upstream_timeout: float
+    app: AppContext,
+    /,
+    upstream: str,
+    host: str,
+    port: int,
+    upstream_timeout: float,
+    session_header: str,
+    session_prefix: str,
+    session_idle: float,
+    session_mode: str,
+    reward_token: str | None,
 ) -> None:
     """Run an OpenAI-compatible gateway in front of --upstream that records every call.
 
     Each runner runs a gateway of its own and hands each attempt a URL on it, so calls are
-    recorded into their attempt. This one is for calls from outside runners: they are
-    forwarded and recorded under the rollout id `unattributed` (attempt: this process).
+    recorded into their attempt. This one is for calls from outside runners: a call with a
+    session key (--session-header) is recorded into that session's rollout, which ends at
+    X-AGL-Session-End or when idle and is then trained on like any rollout; others are
+    recorded under the rollout id `unattributed` (attempt: this process). POST /rewards
+    takes rewards (with --reward-token).
     """
+    from agl_stream.events import RolloutMode
     from agl_stream.gateway.proxy import Gateway
+    from agl_stream.gateway.sessions import SessionConfig
     from agl_stream.kafka import producer
     from agl_stream.streams import EventPublisher, Topics
     from agl_stream.telemetry.otlp import exporting
 
     base = _url(upstream)
+    if not session_header.strip() or not session_header.isascii():
+        raise click.BadParameter("give an ASCII header name", param_hint="--session-header")
+    if reward_token is not None and len(reward_token) < 16:
+        raise click.BadParameter(
+            "a reward token needs 16 characters or more", param_hint="--reward-token"
+        )
+    sessions = SessionConfig(
+        header=session_header, prefix=session_prefix, idle_seconds=session_idle,
+        mode=RolloutMode(session_mode),
+    )  # fmt: skip
 
     async def main() -> None:
         stop = stop_on_signals()
         kafka = app.kafka()
         async with producer(kafka) as prod:
-            proxy = Gateway(base, EventPublisher(prod, Topics(kafka)), upstream_timeout)
+            proxy = Gateway(
+                base, EventPublisher(prod, Topics(kafka)), upstream_timeout, sessions,
+                reward_token,
+            )  # fmt: skip
             with listening_on(f"{host}:{port}"):
                 url = await proxy.start(host, port)
             console.print(f"gateway on {url}/v1 -> {base}", highlight=False)

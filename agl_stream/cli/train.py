@@ -47,6 +47,17 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--reward-rule", type=click.Choice(["final", "per_call", "discounted"]),
                      default="final", show_default=True,
                      help="How an attempt's rewards become each LLM call's reward."),
+        click.option("--late-reward", metavar="NAME",
+                     help="Train on the reward NAME given after the attempt (`agl-stream "
+                          "reward`, POST /rewards), waiting for it up to --late-reward-wait."),
+        click.option("--late-reward-wait", type=click.FloatRange(0), default=60.0,
+                     show_default=True,
+                     help="Seconds of broker time after an attempt's end its late reward may "
+                          "come in."),
+        click.option("--late-reward-missing", type=click.Choice(["drop", "final"]),
+                     default="drop", show_default=True,
+                     help="When it did not come: drop the attempt, or use its final reward "
+                          "(counted in the step's lineage either way)."),
         click.option("--max-staleness", type=click.IntRange(0), default=None,
                      help="Most resource versions a sample's policy may be behind. "
                           "[default: no bound]"),
@@ -121,6 +132,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     from agl_stream.training.device import placement
     from agl_stream.training.grpo import GRPOConfig
     from agl_stream.training.trainer import TrainerConfig
+    from agl_stream.training.trajectories import LateRewardRule, MissingLateReward
     from agl_stream.training.triplets import RewardRule
 
     if not checkpoint_dir:
@@ -141,6 +153,12 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
             gradient_checkpointing=options["gradient_checkpointing"],
         )  # fmt: skip
         lora = _lora(options)
+        late = None
+        if options.get("late_reward") is not None:
+            late = LateRewardRule(
+                options["late_reward"], options["late_reward_wait"],
+                MissingLateReward(options["late_reward_missing"]),
+            )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     where = placement(options["device"], options["dtype"], options["threads"], training=True)
@@ -156,7 +174,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
         max_waiting=options["max_waiting"],
         start_latest=options["start"] == "latest", placement=where, threads=where.threads or 1,
-        lora=lora, keep=options["keep"],
+        lora=lora, keep=options["keep"], late_reward=late,
     )  # fmt: skip
 
 

@@ -175,6 +175,22 @@ workers = Table(
     Column("event_id", Uuid, nullable=False),
 )
 
+# Rewards given from outside an attempt (RewardRecorded), one row per event; the rollout,
+# attempt and LLM call they name join them to the rows above.
+rewards = Table(
+    "rewards",
+    read_model_metadata,
+    Column("rollout_id", Text, primary_key=True),
+    Column("event_id", Uuid, primary_key=True),
+    Column("attempt_id", Text),
+    Column("span_id", Text),
+    Column("name", Text, nullable=False),
+    Column("value", Double, nullable=False),
+    Column("source", Text),
+    Column("metadata", JSONB, nullable=False),
+    Column("given_at", DateTime(timezone=True), nullable=False),
+)
+
 projector_offsets = Table(
     "projector_offsets",
     read_model_metadata,
@@ -192,3 +208,5 @@ Index("rollouts_worker", rollouts.c.worker_id)
 Index("rollouts_metadata", rollouts.c.metadata, postgresql_using="gin")
 Index("rollouts_resources", rollouts.c.attempt_resources_id)
 Index("resources_version", resources.c.version.desc())
+Index("rewards_given", rewards.c.given_at)
+Index("rewards_name", rewards.c.name, rewards.c.given_at)

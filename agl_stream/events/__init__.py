@@ -10,9 +10,11 @@ from agl_stream.events.resources import (
     ResourcesPublished,
     TemplateEngine,
 )
+from agl_stream.events.rewards import DEFAULT_REWARD_NAME, RewardRecorded
 from agl_stream.events.rollouts import (
     AttemptFinished,
     AttemptStarted,
+    AttemptTask,
     RolloutCancelled,
     RolloutFinished,
     RolloutQueued,
@@ -36,6 +38,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AttemptStarted,
         AttemptFinished,
         RolloutFinished,
+        RewardRecorded,
         SpanRecorded,
         ResourcesPublished,
         WorkerHeartbeat,
@@ -43,18 +46,21 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 __all__ = [
+    "DEFAULT_REWARD_NAME",
     "EVENT_TYPES",
     "LLM",
     "PIN_ONLY",
     "AttemptFinished",
     "AttemptStarted",
     "AttemptStatus",
+    "AttemptTask",
     "Checkpoint",
     "ErrorInfo",
     "Event",
     "PromptTemplate",
     "Resource",
     "ResourcesPublished",
+    "RewardRecorded",
     "RolloutCancelled",
     "RolloutFinished",
     "RolloutMode",

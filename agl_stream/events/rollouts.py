@@ -11,6 +11,7 @@ from agl_stream.events.base import (
     AttemptStatus,
     ErrorInfo,
     Event,
+    Record,
     RolloutMode,
     check_json,
     utc_now,
@@ -78,6 +79,19 @@ class RolloutCancelled(Event):
     requested_by: str | None = None
 
 
+class AttemptTask(Record):
+    """The task of an attempt nobody queued (a gateway session, an ingested trace)."""
+
+    input_json: str
+    mode: RolloutMode
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("input_json")
+    @classmethod
+    def _input_is_json(cls, value: str) -> str:
+        return check_json(value)
+
+
 class AttemptStarted(Event):
     key_field: ClassVar[str] = "rollout_id"
 
@@ -87,6 +101,7 @@ class AttemptStarted(Event):
     worker_id: str = Field(min_length=1)
     resources_id: str | None = None
     task_offset: int | None = Field(default=None, ge=0)
+    task: AttemptTask | None = None  # only on attempts no RolloutQueued asked for
 
 
 class AttemptFinished(Event):
@@ -123,6 +138,7 @@ __all__ = [
     "TERMINAL_ATTEMPT_STATUSES",
     "AttemptFinished",
     "AttemptStarted",
+    "AttemptTask",
     "RolloutCancelled",
     "RolloutFinished",
     "RolloutQueued",

@@ -27,6 +27,7 @@ from agl_stream.events import LLM, SpanRecorded
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.events import BadEvents, parse_events
 from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog
+from agl_stream.gateway.reward_route import RewardEndpoint
 from agl_stream.gateway.routes import (
     ENDPOINTS,
     RESOURCES_HEADER,
@@ -34,6 +35,16 @@ from agl_stream.gateway.routes import (
     attempt_base_url,
     parse_path,
     upstream_url,
+)
+from agl_stream.gateway.sessions import (
+    ATTEMPT_HEADER,
+    CALL_HEADER,
+    ROLLOUT_HEADER,
+    SESSION_END_HEADER,
+    Session,
+    SessionConfig,
+    SessionRefused,
+    Sessions,
 )
 from agl_stream.gateway.wire import (
     BadRequest,
@@ -70,18 +81,40 @@ class Gateway:
         default_upstream: str | None = None,
         publisher: EventPublisher | None = None,
         upstream_timeout: float = 600.0,
+        sessions: SessionConfig | None = None,
+        reward_token: str | None = None,
     ) -> None:
         self.default_upstream = default_upstream
         self.publisher = publisher
         self.upstream_timeout = upstream_timeout
+        # Calls with a session key become rollouts (gateway/sessions.py); needs a publisher.
+        self.sessions = (
+            Sessions(publisher, sessions) if sessions is not None and publisher else None
+        )
+        self.rewards = (
+            RewardEndpoint(
+                publisher, reward_token, self.sessions.rollout_id if self.sessions else None
+            )
+            if publisher is not None
+            else None
+        )
         self.routes: dict[tuple[str, str], AttemptRoute] = {}
         self.log = CallLog()
         self.url = ""
         self.counts: dict[str, int] = {"calls": 0, "failed": 0, "unattributed": 0}
-        self.metrics = WorkerMetrics("gateway", lambda: dict(self.counts))
+        self.metrics = WorkerMetrics("gateway", self._snapshot)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._pump: asyncio.Task[None] | None = None
+
+    def _snapshot(self) -> dict[str, int]:
+        counts = dict(self.counts)
+        if self.sessions is not None:
+            counts.update(self.sessions.counts)
+            counts["sessions_open"] = len(self.sessions.open)
+        if self.rewards is not None:
+            counts["rewards"] = self.rewards.recorded
+        return counts
 
     # -- attempts ---------------------------------------------------------------------------
 
@@ -122,6 +155,8 @@ class Gateway:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
+        if self.rewards is not None:
+            self.rewards.add_to(app)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -144,6 +179,8 @@ class Gateway:
             await route.drain(1.0)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.sessions is not None:
+            await self.sessions.close()
         if self._session is not None:
             await self._session.close()
         if self._pump is not None:
@@ -155,6 +192,9 @@ class Gateway:
         while True:
             await asyncio.sleep(PUMP_SECONDS)
             await self._send_log()
+            if self.sessions is not None:
+                await self.sessions.pump()
+                await self.sessions.end_idle()
 
     async def _send_log(self) -> None:
         """Send the calls' spans. What the broker does not take goes back to the front of the
@@ -236,6 +276,14 @@ class Gateway:
         except ValueError as exc:
             return _error(404, str(exc), "not_found")
         route = self.routes.get((identity.rollout_id, identity.attempt_id)) if identity else None
+        session: Session | None = None
+        key = request.headers.get(self.sessions.config.header) if self.sessions else None
+        if identity is None and key is not None and self.sessions is not None:
+            try:
+                session = await self.sessions.route(key, _json_object(await request.read()))
+            except SessionRefused as exc:
+                return _error(exc.status, str(exc), "invalid_request_error")
+            route = session.route
         if identity is not None and route is None:
             message = (
                 f"attempt {identity.attempt_id} of rollout {identity.rollout_id} is not running "
@@ -264,6 +312,9 @@ class Gateway:
         finally:
             if route is not None and task is not None:
                 route.calls.discard(task)
+            if session is not None and request.headers.get(SESSION_END_HEADER, "") in _YES:
+                assert self.sessions is not None
+                await self.sessions.end(session.key)
 
     def _upstream(self, identity: Identity | None, route: AttemptRoute | None) -> str | None:
         if identity is None or route is None:
@@ -280,6 +331,9 @@ class Gateway:
         recorded = _Recorded(self, route, CallRecord(kind, body))
         if route is not None:
             route.recorder.touch()
+            if route.upstreams == {}:  # a session's: say which rollout and attempt
+                recorded.headers[ROLLOUT_HEADER] = route.recorder.rollout_id
+                recorded.headers[ATTEMPT_HEADER] = route.recorder.attempt_id
         try:
             if body.get("stream"):
                 return await self._stream(request, url, body, recorded)
@@ -310,6 +364,9 @@ class Gateway:
             except (ValueError, TypeError, KeyError) as exc:
                 recorded.finish(served_by, f"upstream answer unreadable: {exc}")
         headers = {RESOURCES_HEADER: served_by} if served_by else {}
+        headers.update(recorded.headers)
+        if recorded.headers and recorded.span_id is not None:
+            headers[CALL_HEADER] = recorded.span_id
         return web.Response(status=status, body=raw, content_type=content_type, headers=headers)
 
     async def _stream(
@@ -333,6 +390,7 @@ class Gateway:
                 }
                 if served_by:
                     headers[RESOURCES_HEADER] = served_by
+                headers.update(recorded.headers)
                 response = web.StreamResponse(status=upstream.status, headers=headers)
                 await response.prepare(request)
                 async for data in upstream.content.iter_any():
@@ -395,6 +453,8 @@ class _Recorded:
         self.started = time.time_ns()  # the span's start
         self.clock = time.monotonic()  # its latency
         self.done = False
+        self.headers: dict[str, str] = {}  # for the answer (a session's ids)
+        self.span_id: str | None = None  # the call's span, once recorded
 
     def finish(self, served_by: str | None, error: str | None) -> None:
         if self.done:
@@ -421,7 +481,7 @@ class _Recorded:
         token = current_recorder.set(recorder)
         try:
             parent = route.parent if route is not None else None
-            record_llm_call(call, self.started, error, parent=parent or Context())
+            self.span_id = record_llm_call(call, self.started, error, parent=parent or Context())
         finally:
             current_recorder.reset(token)
 
@@ -453,6 +513,18 @@ def _refused_key(request: web.Request, route: AttemptRoute) -> web.Response | No
         )
         return _error(403, message, "permission_error")
     return None
+
+
+_YES = frozenset({"1", "true", "yes", "on"})
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or {} (the call itself then says what is wrong)."""
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _refused(status: int, raw: bytes) -> str:

@@ -20,6 +20,7 @@ from agl_stream.events import (
     ErrorInfo,
     Event,
     ResourcesPublished,
+    RewardRecorded,
     RolloutCancelled,
     RolloutFinished,
     RolloutQueued,
@@ -29,6 +30,7 @@ from agl_stream.events import (
 from agl_stream.projection.rows import (
     AttemptRow,
     ResourcesRow,
+    RewardRow,
     RolloutRow,
     SpanRow,
     WorkerRow,
@@ -60,11 +62,15 @@ class Changes:
     spans: list[SpanRow | bytes] = field(default_factory=list)
     resources: list[ResourcesRow] = field(default_factory=list)
     workers: list[WorkerRow] = field(default_factory=list)
+    rewards: list[RewardRow] = field(default_factory=list)  # inserted when absent
 
     def __len__(self) -> int:
         return sum(
-            len(x) for x in (self.rollouts, self.attempts, self.spans, self.resources, self.workers)
-        )
+            len(x)
+            for x in (
+                self.rollouts, self.attempts, self.spans, self.resources, self.workers, self.rewards
+            )
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,10 @@ class Keys:
     workers: frozenset[str]
 
 
-_LIFECYCLE = (RolloutQueued, RolloutCancelled, AttemptStarted, AttemptFinished, RolloutFinished)
+_LIFECYCLE = (
+    RolloutQueued, RolloutCancelled, AttemptStarted, AttemptFinished, RolloutFinished,
+    RewardRecorded,
+)  # fmt: skip
 
 
 def keys(events: Iterable[Event]) -> Keys:
@@ -97,6 +106,7 @@ def project(events: Iterable[Event], state: State) -> Changes:
         dict(state.rollouts), dict(state.attempts), dict(state.resources), dict(state.workers)
     )
     spans: list[SpanRow | bytes] = []
+    rewards: list[RewardRow] = []
     touched: set[str] = set()
     for event in events:
         if isinstance(event, SpanRecorded):
@@ -105,6 +115,12 @@ def project(events: Iterable[Event], state: State) -> Changes:
             key = (event.rollout_id, event.attempt_id)
             state.attempts[key] = apply_attempt(state.attempts.get(key), event)
             touched.add(event.rollout_id)
+            if isinstance(event, AttemptStarted) and event.task is not None:
+                rid = event.rollout_id
+                row = state.rollouts.get(rid) or RolloutRow(rid, "queuing")
+                state.rollouts[rid] = apply_task(row, event)
+        elif isinstance(event, RewardRecorded):
+            rewards.append(reward_row(event))
         elif isinstance(event, RolloutQueued | RolloutCancelled | RolloutFinished):
             row = state.rollouts.get(event.rollout_id) or RolloutRow(event.rollout_id, "queuing")
             state.rollouts[event.rollout_id] = apply_rollout(row, event)
@@ -129,6 +145,7 @@ def project(events: Iterable[Event], state: State) -> Changes:
         spans=spans,
         resources=_changed(before.resources, state.resources),
         workers=_changed(before.workers, state.workers),
+        rewards=rewards,
     )
 
 
@@ -196,6 +213,26 @@ def apply_rollout(
             finished_event_id=event.event_id,
         )
     return row
+
+
+def apply_task(row: RolloutRow, event: AttemptStarted) -> RolloutRow:
+    """An attempt nobody queued (a gateway session, an ingested trace) gives its rollout the
+    task a RolloutQueued would have: the earliest such attempt's, and only while no
+    RolloutQueued is folded (queued attempt 0), which always wins."""
+    task = event.task
+    if task is None or row.queued_attempt > 0:
+        return row
+    if not _first(event, row.queued_at, row.queued_event_id):
+        return row
+    return evolve(
+        row,
+        mode=task.mode.value,
+        input=json.loads(task.input_json),
+        metadata=dict(task.metadata),
+        first_queued_at=event.occurred_at,
+        queued_at=event.occurred_at,
+        queued_event_id=event.event_id,
+    )
 
 
 def derive(row: RolloutRow, attempts: list[AttemptRow]) -> RolloutRow:
@@ -305,6 +342,20 @@ def span_row(event: SpanRecorded) -> SpanRow:
         links=[link.model_dump(mode="json") for link in event.links] if event.links else [],
         resource=event.resource,
         scope_name=event.scope_name,
+    )
+
+
+def reward_row(event: RewardRecorded) -> RewardRow:
+    return RewardRow(
+        rollout_id=event.rollout_id,
+        event_id=event.event_id,
+        attempt_id=event.attempt_id,
+        span_id=event.span_id,
+        name=event.name,
+        value=event.value,
+        source=event.source,
+        metadata=dict(event.metadata),
+        given_at=event.occurred_at,
     )
 
 

@@ -18,16 +18,30 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    TopicPartition,
+)
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from agl_stream.codec import Codec
 from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.dead_letters import dead_letter
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
 from agl_stream.kafka import consumer, producer
 from agl_stream.metrics import WorkerMetrics
-from agl_stream.projection.apply import CONVERTERS, Applied, Behind, Projection, Switched
+from agl_stream.projection.apply import (
+    CONVERTERS,
+    Applied,
+    Behind,
+    DeadLetterSink,
+    Projection,
+    Switched,
+)
 from agl_stream.projection.store import Partition, active_read_model, connect
-from agl_stream.streams import Batch, EventPublisher, EventStream, Topics
+from agl_stream.streams import DLQ_TOPIC, Batch, ConsumedEvent, EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -79,7 +93,6 @@ class Projector:
         conn = await connect(self.database.asyncpg_dsn)
         try:
             schema = await active_read_model(conn)
-            self._projection = Projection(conn, schema)
             async with (
                 producer(self.kafka) as prod,
                 consumer(
@@ -93,6 +106,7 @@ class Projector:
                 ) as reader,
             ):
                 self._consumer = reader
+                self._projection = Projection(conn, schema, dead_letters=self._letters_to(prod))
                 publisher = EventPublisher(prod, self.topics)
                 reader.subscribe(
                     [self.topics.name(t) for t in PROJECTED_TOPICS], listener=_Rebalance(self)
@@ -111,6 +125,22 @@ class Projector:
                     await self._heartbeat(publisher, WorkerStatus.STOPPED)
         finally:
             await conn.close()
+
+    def _letters_to(self, prod: AIOKafkaProducer) -> DeadLetterSink:
+        """Dead letters of records the projection refuses (rewards that do not count)."""
+        codec = Codec()
+
+        async def send(item: ConsumedEvent, kind: str, reason: str) -> None:
+            letter = dead_letter(
+                topic=item.topic, partition=item.partition, offset=item.offset,
+                timestamp_ms=item.timestamp_ms, value=codec.encode(item.event),
+                headers=item.headers, reason=reason, kind=kind, consumer=self.group_id,
+            )  # fmt: skip
+            dlq = self.topics.name(DLQ_TOPIC)
+            await prod.send_and_wait(dlq, letter.value, key=letter.key, headers=letter.headers)
+            self.counts["dead_letters"] += 1
+
+        return send
 
     @property
     def projection(self) -> Projection:

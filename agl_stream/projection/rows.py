@@ -102,6 +102,19 @@ class SpanRow(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class RewardRow:
+    rollout_id: str
+    event_id: uuid.UUID
+    attempt_id: str | None
+    span_id: str | None
+    name: str
+    value: float
+    source: str | None
+    metadata: Json
+    given_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ResourcesRow:
     resources_id: str
     version: int
@@ -128,14 +141,14 @@ class WorkerRow:
     event_id: uuid.UUID
 
 
-Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow
+Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow | RewardRow
 
 
 _COLUMNS: dict[type[Row], tuple[str, ...]] = {
     SpanRow: SpanRow._fields,
     **{
         t: tuple(f.name for f in fields(t))
-        for t in (RolloutRow, AttemptRow, ResourcesRow, WorkerRow)
+        for t in (RolloutRow, AttemptRow, ResourcesRow, WorkerRow, RewardRow)
     },
 }
 _GETTERS: dict[type[Row], Callable[[Row], tuple[Any, ...]]] = {

@@ -16,6 +16,7 @@ from agl_stream.projection.fold import Changes, Keys, State
 from agl_stream.projection.rows import (
     AttemptRow,
     ResourcesRow,
+    RewardRow,
     RolloutRow,
     Row,
     SpanRow,
@@ -33,6 +34,7 @@ _KEYS: dict[type[Row], tuple[str, ...]] = {
     SpanRow: ("rollout_id", "attempt_id", "sequence"),
     ResourcesRow: ("resources_id",),
     WorkerRow: ("worker_id",),
+    RewardRow: ("rollout_id", "event_id"),
 }
 _TABLES: dict[type[Row], str] = {
     RolloutRow: "rollouts",
@@ -40,6 +42,7 @@ _TABLES: dict[type[Row], str] = {
     SpanRow: "spans",
     ResourcesRow: "resources",
     WorkerRow: "workers",
+    RewardRow: "rewards",
 }
 
 
@@ -67,7 +70,9 @@ class ProjectionStore:
     def __init__(self, conn: asyncpg.Connection, schema: str) -> None:
         self.conn = conn
         self.schema = schema
-        self._upserts = {t: self._upsert_sql(t) for t in _TABLES if t is not SpanRow}
+        self._upserts = {t: self._upsert_sql(t) for t in _TABLES if t not in (SpanRow, RewardRow)}
+        # A reward is one event: the first row stored for its id stays.
+        self._upserts[RewardRow] = self._insert_sql(RewardRow)
 
     def table(self, row_type: type[Row] | str) -> str:
         name = row_type if isinstance(row_type, str) else _TABLES[row_type]
@@ -109,6 +114,7 @@ class ProjectionStore:
             changes.attempts,
             changes.resources,
             changes.workers,
+            changes.rewards,
         ):
             if rows:
                 await self._upsert(rows)

@@ -79,6 +79,20 @@ class Span(Result):
     scope_name: str | None
 
 
+class Reward(Result):
+    """A reward given from outside an attempt (RewardRecorded) that counted."""
+
+    rollout_id: str
+    attempt_id: str | None  # None: the rollout as a whole
+    span_id: str | None  # the LLM call it is for, if any
+    name: str
+    value: float
+    source: str | None
+    metadata: dict[str, str]
+    given_at: datetime
+    event_id: str
+
+
 class Resources(Result):
     resources_id: str
     version: int

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 from aiokafka import TopicPartition
-from sqlalchemy import ColumnElement, and_, func, literal, or_, select, text, tuple_
+from sqlalchemy import ColumnElement, Text, and_, cast, func, literal, or_, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agl_stream.config import DatabaseSettings
@@ -23,6 +23,7 @@ from agl_stream.queries.models import (
     Page,
     PartitionLag,
     Resources,
+    Reward,
     Rollout,
     Span,
     Worker,
@@ -221,6 +222,46 @@ class ReadModel:
         if not found:
             await self.rollout(rollout_id)  # NotFound: no such rollout at all
         return found
+
+    # ---- rewards given from outside an attempt ---------------------------------------------
+
+    async def rewards(
+        self,
+        rollout_id: str | None = None,
+        *,
+        attempt_id: str | None = None,
+        name: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+        wait_for: Offsets | None = None,
+    ) -> list[Reward]:
+        """Rewards recorded with RewardRecorded that counted (those for an unknown rollout or
+        attempt are in the dead-letter topic), newest given first; of one rollout (NotFound
+        when the read model has no such rollout) or of all, by name and time given."""
+        check_limit(limit, 100_000)
+        check_text(rollout_id=rollout_id, attempt_id=attempt_id, name=name)
+        since, until = check_range(since, until)
+        if wait_for:
+            await self.wait_for_offsets(wait_for)
+        if rollout_id is not None:
+            await self.rollout(rollout_id)
+        w = db.rewards.c
+        query = select(
+            w.rollout_id, w.attempt_id, w.span_id, w.name, w.value, w.source, w.metadata,
+            w.given_at, cast(w.event_id, Text).label("event_id"),
+        )  # fmt: skip
+        for column, value in ((w.rollout_id, rollout_id), (w.attempt_id, attempt_id)):
+            if value is not None:
+                query = query.where(column == value)
+        if name is not None:
+            query = query.where(w.name == name)
+        if since is not None:
+            query = query.where(w.given_at >= since)
+        if until is not None:
+            query = query.where(w.given_at < until)
+        query = query.order_by(w.given_at.desc(), w.event_id).limit(limit)
+        return [Reward.model_validate(dict(r)) for r in await self._all(query)]
 
     # ---- resources and workers -----------------------------------------------------------
 

@@ -178,6 +178,8 @@ def build_step(
             step.counts["trajectories_without_triplets"] += 1
             continue
         step.counts["trajectories"] += 1
+        if trajectory.reward_from != "final":
+            step.counts[f"late_reward_{trajectory.reward_from}"] += 1  # late | fallback
         step.rewards.append(trajectory.reward or 0.0)
         rows.extend((group, weight, t) for t in adapted.triplets)
     advantages = group_advantages(

@@ -58,7 +58,13 @@ from agl_stream.training.model import (
     set_threads,
 )
 from agl_stream.training.retention import InFlight, prunable
-from agl_stream.training.trajectories import TRAINED_TOPICS, Assembler, Trajectory, partition_of
+from agl_stream.training.trajectories import (
+    TRAINED_TOPICS,
+    Assembler,
+    LateRewardRule,
+    Trajectory,
+    partition_of,
+)
 from agl_stream.training.trajectories import TopicPartition as TP
 from agl_stream.training.triplets import RewardRule
 from agl_stream.training.update import PolicyUpdate, UpdateFactory
@@ -77,6 +83,8 @@ class TrainerConfig:
     group_size: int = 8
     groups_per_step: int = 8
     reward_rule: RewardRule = RewardRule.FINAL
+    # Train on a reward given after the attempt (RewardRecorded) instead of its own.
+    late_reward: LateRewardRule | None = None
     staleness: Staleness = field(default_factory=Staleness)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     max_steps: int | None = None
@@ -137,7 +145,7 @@ class Trainer:
         self.resources_id = ""
         self.positions: dict[TP, int] = {}
         self.cut: dict[TP, int] = {}
-        self.assembler = Assembler(config.patience_records)
+        self.assembler = Assembler(config.patience_records, config.late_reward)
         self.groups = Groups(config.group_size, config.groups_per_step, config.max_waiting)
         # resources id -> the step of this trainer's policy that the version holds, for
         # staleness: counted in policy updates, whoever published versions in between.
@@ -147,6 +155,7 @@ class Trainer:
         self._resources_out: ResourcesPublisher | None = None
         self._time_stops: dict[TP, int] = {}
         self._evicted: list[Trajectory] = []
+        self._late_dropped: list[Trajectory] = []  # no late reward in time: lineage only
         self._dropped_incomplete = 0  # since the last step
         self._unpruned_records = 0
         self._policy: Policy | None = None
@@ -227,10 +236,13 @@ class Trainer:
             for item in batch:
                 tp = (short[item.topic], item.partition)
                 if self._in_range(tp, item.offset, item.timestamp_ms):
-                    self.assembler.add(tp, item.offset, item.event)
+                    self.assembler.add(tp, item.offset, item.event, item.timestamp_ms)
                 self.in_flight.add(tp, item.offset, item.event)
             for tp, offset in batch.next_offsets.items():
                 self.positions[(short[tp.topic], tp.partition)] = offset
+            if self.config.late_reward is not None and self.config.until is None:
+                self._tick(cons)
+            self._late_dropped += self.assembler.dropped()
             self.counts["records"] += len(batch)
             self.counts["dead_lettered"] += batch.dead_lettered
             self.groups.add(self.assembler.complete())
@@ -240,6 +252,18 @@ class Trainer:
             while self.groups.ready() and not self._done():
                 await self._train_step(cons)
                 self._evict_stale()  # a new version makes more samples stale
+
+    def _tick(self, cons: AIOKafkaConsumer) -> None:
+        """Live, the broker's time goes on in rollouts partitions read to their end (a
+        late reward appended from now on is stamped from now on): an offline retrain
+        judges by the records' times alone."""
+        caught_up = []
+        for partition in range(self.topics.specs["rollouts"].partitions):
+            tp = TopicPartition(self.topics.name("rollouts"), partition)
+            end = cons.highwater(tp)
+            if end is not None and self.positions.get(("rollouts", partition), 0) >= end:
+                caught_up.append(("rollouts", partition))
+        self.assembler.tick(int(time.time() * 1000), caught_up)
 
     def _in_range(self, tp: TP, offset: int, timestamp_ms: int | None) -> bool:
         """Whether a record is inside a retrain's time and offset bounds."""
@@ -333,6 +357,10 @@ class Trainer:
         evicted, self._evicted = self._evicted, []
         step_input.used += [t.key for t in evicted]
         step_input.counts["dropped_stale"] += len(evicted)
+        late, self._late_dropped = self._late_dropped, []
+        step_input.used += [t.key for t in late]
+        if late:
+            step_input.counts["late_reward_dropped"] = len(late)
         if self._dropped_incomplete:
             step_input.counts["dropped_incomplete"] = self._dropped_incomplete
             self._dropped_incomplete = 0
@@ -500,7 +528,9 @@ class Trainer:
         self.step = state["step"]
         self.cut = {partition_of(name): offset for name, offset in state["cut"].items()}
         self.positions = dict(self.cut)
-        self.assembler = Assembler.resume(state["assembler"], self.config.patience_records)
+        self.assembler = Assembler.resume(
+            state["assembler"], self.config.patience_records, self.config.late_reward
+        )
         self.in_flight = InFlight.resume(state.get("in_flight", {}))
         self._policy = self._resumed_policy(directory, state.get("base"))
         self._grpo = self._new_update()
@@ -587,7 +617,8 @@ class Trainer:
         if state.get("mean_reward") is not None:
             metadata["mean_reward"] = f"{state['mean_reward']:.6f}"
         for key in (
-            "samples", "trajectories", "dropped_stale", "downweighted_stale", "dropped_incomplete"
+            "samples", "trajectories", "dropped_stale", "downweighted_stale", "dropped_incomplete",
+            "late_reward_late", "late_reward_fallback", "late_reward_dropped",
         ):  # fmt: skip
             if key in state["counts"]:
                 metadata[key] = str(state["counts"][key])

@@ -5,6 +5,12 @@ RolloutQueued of its attempt number (task input, mode, metadata), its AttemptSta
 (resources id), every span up to the count on its AttemptFinished. Records come from
 co-partitioned topics (tasks, rollouts, spans) in any order, duplicated or not.
 
+Rewards given from outside an attempt (RewardRecorded, on the rollouts topic) join the
+trajectory when they count (after an attempt of their rollout in its partition). With a
+late-reward rule a succeeded trajectory waits for its named reward up to a bound, measured in
+the broker time of its rollouts partition: a reward stamped up to `wait` after the attempt's
+end counts; past it the trajectory is dropped or falls back to its final reward.
+
 The assembler also says how far the trainer may claim to have consumed each partition (the
 cut): nothing below it is still needed. A rollout it still waits on holds the cut at its
 lowest record; rollouts and attempts already settled are remembered while records of theirs
@@ -15,20 +21,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
+from agl_stream.agent.llm import LLM_CALL_SPAN, RESOURCES_ID
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
     AttemptStatus,
     Event,
+    RewardRecorded,
     RolloutFinished,
     RolloutMode,
     RolloutQueued,
     SpanRecorded,
 )
-from agl_stream.rewards import span_reward
+from agl_stream.rewards import late_reward_refusal, span_reward
 
 # The co-partitioned topics a trajectory is assembled from.
 TRAINED_TOPICS = ("tasks", "rollouts", "spans")
@@ -47,6 +56,9 @@ class Trajectory:
     status: AttemptStatus
     reward: float | None
     spans: tuple[SpanRecorded, ...]  # by sequence
+    # The late reward the rule waited for, when one came (its value is `reward`).
+    late_reward: RewardRecorded | None = None
+    reward_from: str = "final"  # final | late | fallback (the rule's reward did not come)
 
     @property
     def key(self) -> AttemptKey:
@@ -58,10 +70,33 @@ class Trajectory:
         return self.metadata.get("group") or self.input_json
 
 
+class MissingLateReward(StrEnum):
+    DROP = "drop"
+    FINAL = "final"
+
+
+@dataclass(frozen=True)
+class LateRewardRule:
+    """Train on the reward named `name` given after the attempt (RewardRecorded): a succeeded
+    trajectory waits for it until its rollouts partition's broker time passes the attempt's
+    end plus `wait_seconds`; then it is dropped, or trained on its final reward."""
+
+    name: str
+    wait_seconds: float = 60.0
+    missing: MissingLateReward = MissingLateReward.DROP
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a late-reward rule needs the reward's name")
+        if self.wait_seconds < 0:
+            raise ValueError(f"the late-reward wait must be 0 or more, got {self.wait_seconds}")
+
+
 @dataclass
 class _Attempt:
     started: AttemptStarted | None = None
     finished: AttemptFinished | None = None
+    finished_ms: int | None = None  # the broker time of its AttemptFinished record
     spans: dict[int, SpanRecorded] = field(default_factory=dict)
     high: dict[TopicPartition, int] = field(default_factory=dict)
     handed: bool = False  # given out (or settled)
@@ -74,15 +109,20 @@ class _Rollout:
     attempts: dict[str, _Attempt] = field(default_factory=dict)
     finished_at: int | None = None  # the assembler's record count when RolloutFinished came
     counted: str | None = None  # the attempt whose success was handed out: the only one
+    rewards: list[RewardRecorded] = field(default_factory=list)  # late rewards that count
+    lifecycle: TopicPartition | None = None  # its rollouts partition
     low: dict[TopicPartition, int] = field(default_factory=dict)
     high: dict[TopicPartition, int] = field(default_factory=dict)
     first_seen: int = 0  # the assembler's record count at its first record
 
     @property
     def train(self) -> bool | None:
-        if not self.queued:
-            return None
-        return next(iter(self.queued.values())).mode == RolloutMode.TRAIN
+        if self.queued:
+            return next(iter(self.queued.values())).mode == RolloutMode.TRAIN
+        for attempt in self.attempts.values():  # an attempt nobody queued says its task
+            if attempt.started is not None and attempt.started.task is not None:
+                return attempt.started.task.mode == RolloutMode.TRAIN
+        return None
 
 
 def _seen(marks: dict[TopicPartition, int], tp: TopicPartition, offset: int) -> None:
@@ -92,7 +132,9 @@ def _seen(marks: dict[TopicPartition, int], tp: TopicPartition, offset: int) -> 
 class Assembler:
     """Folds records into trajectories; `complete()` hands each one out once."""
 
-    def __init__(self, patience_records: int = 50_000) -> None:
+    def __init__(
+        self, patience_records: int = 50_000, late_reward: LateRewardRule | None = None
+    ) -> None:
         # A finished rollout whose spans are still missing after this many more records
         # (a span lost to the dead-letter topic) is given up as incomplete, not waited on.
         self.patience_records = patience_records
@@ -100,16 +142,24 @@ class Assembler:
         self.settled_rollouts: dict[str, dict[TopicPartition, int]] = {}
         self.settled_attempts: dict[AttemptKey, dict[TopicPartition, int]] = {}
         self.counts: Counter[str] = Counter()
+        self.late_reward = late_reward
         self._ready: list[Trajectory] = []
+        self._dropped: list[Trajectory] = []  # the late reward did not come: no training
         self._records = 0
+        self._clock: dict[TopicPartition, int] = {}  # rollouts partition -> broker time, ms
+        self._held: set[str] = set()  # rollouts with a trajectory waiting for a late reward
 
     # -- input ------------------------------------------------------------------------------
 
-    def add(self, tp: TopicPartition, offset: int, event: Event) -> None:
+    def add(
+        self, tp: TopicPartition, offset: int, event: Event, timestamp_ms: int | None = None
+    ) -> None:
         self._records += 1
         rollout_id = getattr(event, "rollout_id", None)
         if rollout_id is None:
             return
+        if tp[0] == "rollouts" and timestamp_ms is not None:
+            self._advance(tp, timestamp_ms)
         if rollout_id in self.settled_rollouts:
             _seen(self.settled_rollouts[rollout_id], tp, offset)
             return
@@ -134,8 +184,13 @@ class Assembler:
                 attempt.spans.setdefault(event.sequence, event)
             elif isinstance(event, AttemptStarted) and attempt.started is None:
                 attempt.started = event
+                rollout.lifecycle = tp
             elif isinstance(event, AttemptFinished) and attempt.finished is None:
                 attempt.finished = event
+                attempt.finished_ms = timestamp_ms
+                rollout.lifecycle = tp
+        elif isinstance(event, RewardRecorded):
+            self._reward(rollout, event)
         elif isinstance(event, RolloutQueued):
             rollout.queued.setdefault(event.attempt_number, event)
         elif isinstance(event, RolloutFinished) and rollout.finished_at is None:
@@ -152,6 +207,19 @@ class Assembler:
         """Trajectories completed since the last call."""
         ready, self._ready = self._ready, []
         return ready
+
+    def dropped(self) -> list[Trajectory]:
+        """Trajectories whose late reward did not come in time (the rule drops them), since
+        the last call: handed out once, for the next step's lineage, never for training."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def tick(self, now_ms: int, caught_up: Iterable[TopicPartition]) -> None:
+        """Broker time goes on in rollouts partitions read to their end: a record appended
+        later is stamped later than `now_ms`, so late rewards not there yet came too late."""
+        for tp in caught_up:
+            if tp[0] == "rollouts":
+                self._advance(tp, now_ms)
 
     def settle(self, keys: Iterable[AttemptKey], reason: str = "used") -> None:
         """These handed-out trajectories are consumed: never hand them out again."""
@@ -193,6 +261,20 @@ class Assembler:
 
     # -- state ------------------------------------------------------------------------------
 
+    def _advance(self, tp: TopicPartition, timestamp_ms: int) -> None:
+        if timestamp_ms <= self._clock.get(tp, -1):
+            return
+        self._clock[tp] = timestamp_ms
+        for rollout_id in [r for r in self._held if self.pending[r].lifecycle == tp]:
+            self._check(rollout_id, self.pending[rollout_id])
+
+    def _reward(self, rollout: _Rollout, event: RewardRecorded) -> None:
+        before = [a for a, x in rollout.attempts.items() if x.started or x.finished]
+        if late_reward_refusal(event.rollout_id, event.attempt_id, before) is not None:
+            self.counts["late_rewards_refused"] += 1  # the projector dead-letters it
+            return
+        rollout.rewards.append(event)
+
     def memory(self) -> dict[str, Any]:
         """What a resumed assembler must remember (JSON-ready)."""
         return {
@@ -208,8 +290,13 @@ class Assembler:
         }
 
     @classmethod
-    def resume(cls, memory: Mapping[str, Any], patience_records: int = 50_000) -> Assembler:
-        assembler = cls(patience_records)
+    def resume(
+        cls,
+        memory: Mapping[str, Any],
+        patience_records: int = 50_000,
+        late_reward: LateRewardRule | None = None,
+    ) -> Assembler:
+        assembler = cls(patience_records, late_reward)
         for rollout_id, marks in memory.get("settled_rollouts", []):
             assembler.settled_rollouts[rollout_id] = _marks_in(marks)
         for rollout_id, attempt_id, marks in memory.get("settled_attempts", []):
@@ -250,9 +337,24 @@ class Assembler:
                 # at-least-once). The rollout counts once.
                 self._settle_attempt(rollout_id, attempt_id, attempt, "attempts_second_success")
                 continue
+            if self.late_reward is not None:
+                ruled = self._late(rollout, attempt, trajectory, self.late_reward)
+                if ruled is None:
+                    self._held.add(rollout_id)
+                    continue
+                if ruled.reward_from == "dropped":
+                    attempt.handed = True
+                    self._dropped.append(ruled)
+                    continue
+                trajectory = ruled
             rollout.counted = attempt_id
             attempt.handed = True
             self._ready.append(trajectory)
+        if not any(
+            a.finished is not None and not a.handed and a.finished.status is AttemptStatus.SUCCEEDED
+            for a in rollout.attempts.values()
+        ):
+            self._held.discard(rollout_id)
         if rollout.finished_at is None:
             return
         given_up = self._records - rollout.finished_at > self.patience_records
@@ -271,6 +373,29 @@ class Assembler:
                 self._settle_attempt(rollout_id, attempt_id, attempt, "attempts_abandoned")
         self._retire(rollout_id, rollout, "rollouts_finished")
 
+    def _late(
+        self, rollout: _Rollout, attempt: _Attempt, trajectory: Trajectory, rule: LateRewardRule
+    ) -> Trajectory | None:
+        """The trajectory as the rule has it: with its late reward, falling back to its final
+        reward, dropped (reward_from "dropped"), or None while it waits."""
+        named = [
+            r
+            for r in rollout.rewards
+            if r.name == rule.name and r.attempt_id in (None, trajectory.attempt_id)
+        ]
+        if named:  # a correction replaces a reward: the latest given counts
+            late = max(named, key=lambda r: (r.occurred_at, str(r.event_id)))
+            return replace(trajectory, reward=late.value, late_reward=late, reward_from="late")
+        now = self._clock.get(rollout.lifecycle) if rollout.lifecycle else None
+        if attempt.finished_ms is None:  # a record without a broker time: from when seen
+            attempt.finished_ms = now
+        ended = attempt.finished_ms
+        if now is None or ended is None or now <= ended + rule.wait_seconds * 1000:
+            return None
+        if rule.missing is MissingLateReward.FINAL:
+            return replace(trajectory, reward_from="fallback")
+        return replace(trajectory, reward_from="dropped")
+
     def _orphaned(self, rollout_id: str, rollout: _Rollout) -> None:
         """Records of a rollout that neither was queued nor ended where this assembler read
         (spans a cut-off runner committed after another had finished the rollout, which was
@@ -281,6 +406,7 @@ class Assembler:
         self._retire(rollout_id, rollout, "rollouts_orphaned")
 
     def _retire(self, rollout_id: str, rollout: _Rollout, why: str) -> None:
+        self._held.discard(rollout_id)
         self.settled_rollouts[rollout_id] = dict(rollout.high)
         self.counts[why] += 1
         self.pending.pop(rollout_id, None)
@@ -291,7 +417,7 @@ class Assembler:
         finished, started = attempt.finished, attempt.started
         if finished is None or started is None:
             return None
-        queued = rollout.queued.get(started.attempt_number)
+        queued = rollout.queued.get(started.attempt_number) or started.task
         if queued is None or any(s not in attempt.spans for s in range(finished.span_count)):
             return None
         spans = tuple(attempt.spans[s] for s in range(finished.span_count))
@@ -301,11 +427,21 @@ class Assembler:
             attempt_number=started.attempt_number,
             input_json=queued.input_json,
             metadata=dict(queued.metadata),
-            resources_id=started.resources_id,
+            # An attempt started on no known version (a gateway session) is as old as the
+            # version that answered its first call.
+            resources_id=started.resources_id or _served_by(spans),
             status=finished.status,
             reward=finished.reward if finished.reward is not None else _last_reward(spans),
             spans=spans,
         )
+
+
+def _served_by(spans: tuple[SpanRecorded, ...]) -> str | None:
+    for span in spans:
+        served = span.attributes.get(RESOURCES_ID) if span.name == LLM_CALL_SPAN else None
+        if isinstance(served, str):
+            return served
+    return None
 
 
 def _last_reward(spans: tuple[SpanRecorded, ...]) -> float | None:

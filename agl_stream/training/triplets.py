@@ -8,7 +8,8 @@ The reward of each call is set by a rule:
   writes, see `agl_stream.rewards`).
 - `per_call`: each reward span belongs to the LLM call that ended last before it; a
   call's reward is the sum of its rewards, 0.0 when it has none. An agent that only emits a
-  final reward so rewards its last call alone.
+  final reward so rewards its last call alone. A late reward (a trainer's late-reward rule)
+  goes to the call it names, else to the last call.
 - `discounted`: the final reward times gamma ** (calls after this one), so later calls, closer
   to the outcome, get more of it.
 
@@ -114,6 +115,10 @@ def _call_rewards(
     if rule is RewardRule.DISCOUNTED:
         return [final * gamma ** (len(calls) - 1 - i) for i in range(len(calls))]
     rewards = [0.0] * len(calls)
+    late = trajectory.late_reward
+    if late is not None:  # to the call it names, else to the last one
+        named = [i for i, c in enumerate(calls) if c.span_id == late.span_id]
+        rewards[named[0] if named else len(calls) - 1] += late.value
     for span in trajectory.spans:
         value = span_reward(span.name, span.attributes)
         if value is None:

@@ -15,6 +15,7 @@ from agl_stream.events import (
     Event,
     PromptTemplate,
     ResourcesPublished,
+    RewardRecorded,
     RolloutCancelled,
     RolloutFinished,
     RolloutMode,
@@ -59,6 +60,11 @@ GOLDEN_EVENTS: dict[str, Event] = {
     "RolloutFinished": RolloutFinished(
         event_id=ID, occurred_at=AT, rollout_id="ro-1", status=RolloutStatus.SUCCEEDED,
         attempt_id="at-2", attempt_count=2, error=None,
+    ),
+    "RewardRecorded": RewardRecorded(
+        event_id=ID, occurred_at=AT, rollout_id="ro-1", attempt_id="at-2",
+        span_id="b7ad6b7169203331", name="thumbs", value=1.0, source="http",
+        metadata={"user": "u-9"},
     ),
     "SpanRecorded": SpanRecorded(
         event_id=ID, occurred_at=AT, rollout_id="ro-1", attempt_id="at-2", sequence=3,

@@ -11,10 +11,12 @@ from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
     AttemptStatus,
+    AttemptTask,
     Checkpoint,
     ErrorInfo,
     PromptTemplate,
     ResourcesPublished,
+    RewardRecorded,
     RolloutCancelled,
     RolloutFinished,
     RolloutMode,
@@ -87,7 +89,15 @@ EVENT_STRATEGIES = {
     ),
     "AttemptStarted": st.builds(
         AttemptStarted, rollout_id=ident, attempt_id=ident, attempt_number=st.integers(1, 100),
-        worker_id=ident, resources_id=st.none() | ident, task_offset=st.none() | nonneg, **common,
+        worker_id=ident, resources_id=st.none() | ident, task_offset=st.none() | nonneg,
+        task=st.none() | st.builds(
+            AttemptTask, input_json=json_text, mode=st.sampled_from(RolloutMode), metadata=metadata
+        ),
+        **common,
+    ),
+    "RewardRecorded": st.builds(
+        RewardRecorded, rollout_id=ident, attempt_id=st.none() | ident, span_id=st.none() | hex16,
+        name=ident, value=finite, source=st.none() | text, metadata=metadata, **common,
     ),
     "AttemptFinished": st.builds(
         AttemptFinished, rollout_id=ident, attempt_id=ident, attempt_number=st.integers(1, 100),

@@ -142,3 +142,26 @@ def test_registry_knows_every_fingerprint() -> None:
     registry = SchemaRegistry(current=load_current(), released=REGISTRY.released)
     for version in registry.current.values():
         assert registry.by_fingerprint[version.fingerprint] is version
+
+
+def test_readers_of_the_first_release_meet_the_new_events_safely() -> None:
+    """RewardRecorded is new on the rollouts topic: a consumer of release 0.1.0 dead-letters
+    it as an unknown schema (and goes on), and reads an AttemptStarted with a task as one
+    without (upgrade consumers before anything records rewards: the README says so)."""
+    from agl_stream.events import AttemptStarted, AttemptTask, RolloutMode
+
+    old = REGISTRY.released["0.1.0"]
+    reward = Codec().encode(GOLDEN_EVENTS["RewardRecorded"])
+    # What the old codec looks a fingerprint up in (a miss: DecodeError "unknown_schema").
+    assert SchemaRegistry(current=old, released={}).by_fingerprint.get(reward[2:10]) is None
+    with_task = AttemptStarted.model_validate(
+        {
+            **GOLDEN_EVENTS["AttemptStarted"].model_dump(),
+            "task": AttemptTask(input_json="{}", mode=RolloutMode.TRAIN),
+        }
+    )
+    data = Codec().encode(with_task)
+    version = REGISTRY.current["AttemptStarted"]
+    buffer = io.BytesIO(data[10:])
+    datum = fastavro.schemaless_reader(buffer, version.parsed, old["AttemptStarted"].parsed)
+    assert "task" not in datum and datum["rollout_id"] == "ro-1"

@@ -1,0 +1,235 @@
+"""Late and external rewards, the pure parts: who counts (one partition's order decides),
+the read model's admission and task rows, the trainer's late-reward rule, the HTTP body."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agl_stream.events import (
+    AttemptStarted,
+    AttemptTask,
+    Event,
+    RewardRecorded,
+    RolloutMode,
+    RolloutQueued,
+)
+from agl_stream.gateway.reward_route import BadRewards, parse_rewards
+from agl_stream.late_rewards import BadReward, make_reward
+from agl_stream.projection.apply import refused_rewards
+from agl_stream.projection.fold import State, project
+from agl_stream.rewards import UNKNOWN_ATTEMPT, UNKNOWN_ROLLOUT, late_reward_refusal
+from agl_stream.streams import ConsumedEvent
+from agl_stream.training.batching import Staleness, build_step
+from agl_stream.training.trajectories import Assembler, LateRewardRule, MissingLateReward
+from agl_stream.training.triplets import RewardRule, build_triplets
+
+from .training_traffic import Record, one_call_attempt, with_offsets
+
+
+def test_a_reward_counts_only_after_an_attempt_of_its_rollout() -> None:
+    assert late_reward_refusal("r", None, [])[0] == UNKNOWN_ROLLOUT  # type: ignore[index]
+    assert late_reward_refusal("r", "a2", ["a1"])[0] == UNKNOWN_ATTEMPT  # type: ignore[index]
+    assert late_reward_refusal("r", None, ["a1"]) is None
+    assert late_reward_refusal("r", "a1", ["a1"]) is None
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_reward_must_be_finite(value: float) -> None:
+    with pytest.raises(BadReward, match="finite"):
+        make_reward("r", value)
+
+
+def test_a_call_is_named_by_its_span_id() -> None:
+    with pytest.raises(BadReward, match="span_id"):
+        make_reward("r", 1.0, span_id="not-a-span")
+    assert make_reward("r", 1.0, span_id="00f067aa0ba902b7").span_id == "00f067aa0ba902b7"
+
+
+def _consumed(events: list[Event]) -> list[ConsumedEvent]:
+    return [ConsumedEvent(e, "agl.rollouts", 0, i, None) for i, e in enumerate(events)]
+
+
+def _reward(rollout_id: str, attempt_id: str | None = None, **kw: object) -> RewardRecorded:
+    return make_reward(rollout_id, kw.pop("value", 1.0), attempt_id=attempt_id, **kw)  # type: ignore[arg-type]
+
+
+def _started(rollout_id: str, attempt_id: str) -> AttemptStarted:
+    return AttemptStarted(
+        rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1, worker_id="w"
+    )
+
+
+def test_the_projector_refuses_rewards_by_their_partition_order() -> None:
+    before, after, named_wrong = _reward("r1"), _reward("r1"), _reward("r1", "other")
+    known_in_db = _reward("r2", "a2")
+    batch = _consumed([before, _started("r1", "a1"), after, named_wrong, known_in_db])
+    state = State()
+    state.attempts[("r2", "a2")] = project([_started("r2", "a2")], State()).attempts[0]
+    refused = refused_rewards(batch, state)
+    kinds = {item.event.event_id: kind for item, kind, _ in refused.values()}
+    assert kinds == {before.event_id: UNKNOWN_ROLLOUT, named_wrong.event_id: UNKNOWN_ATTEMPT}
+    reasons = [reason for _, _, reason in refused.values()]
+    assert all("r1" in reason for reason in reasons)
+
+
+def test_an_unqueued_attempt_gives_its_rollout_a_task_until_a_queued_one_comes() -> None:
+    task = AttemptTask(input_json='{"messages": []}', mode=RolloutMode.TRAIN, metadata={"s": "k"})
+    started = AttemptStarted(
+        rollout_id="s-1", attempt_id="a", attempt_number=1, worker_id="gw", task=task
+    )
+    queued = RolloutQueued(rollout_id="s-1", attempt_number=1, input_json="1", mode="val")
+    alone = project([started], State()).rollouts[0]
+    assert (alone.mode, alone.input, alone.metadata, alone.status) == (
+        "train", {"messages": []}, {"s": "k"}, "running",
+    )  # fmt: skip
+    for order in ([started, queued], [queued, started]):
+        row = project(order, State()).rollouts[0]
+        assert (row.mode, row.input) == ("val", 1)
+
+
+def test_rewards_are_rows_of_their_own() -> None:
+    reward = _reward("r1", "a1", name="thumbs", value=-1.0, source="http")
+    rows = project([reward, reward], State()).rewards
+    assert {(r.rollout_id, r.attempt_id, r.name, r.value) for r in rows} == {
+        ("r1", "a1", "thumbs", -1.0)
+    }
+
+
+# -- the trainer's late-reward rule ----------------------------------------------------------
+
+T0 = 1_800_000_000_000  # ms
+
+
+def _feed(
+    assembler: Assembler, records: list[Record], times: dict[int, int] | None = None
+) -> list[object]:
+    """Records at T0 + their index (or the given broker times, by index)."""
+    out: list[object] = []
+    for i, (tp, offset, event) in enumerate(with_offsets(records)):
+        assembler.add(tp, offset, event, (times or {}).get(i, T0 + i))
+        out += assembler.complete()
+    return out
+
+
+def _late(rollout_id: str, attempt_id: str | None, value: float, **kw: object) -> Record:
+    return (("rollouts", 0), _reward(rollout_id, attempt_id, value=value, **kw))
+
+
+def _attempt(rollout_id: str) -> tuple[list[Record], str]:
+    records = one_call_attempt(rollout_id, reward=0.0, attempt_id=f"{rollout_id}-a")
+    return records, f"{rollout_id}-a"
+
+
+def test_a_trajectory_waits_for_its_named_late_reward_and_trains_on_it() -> None:
+    records, attempt = _attempt("r")
+    assembler = Assembler(late_reward=LateRewardRule("thumbs", wait_seconds=60))
+    assert _feed(assembler, records) == []  # complete, but waiting
+    assert assembler.cut({("rollouts", 0): 9})[("rollouts", 0)] == 0  # it holds the cut
+    other_name = _late("r", None, 5.0, name="ci")
+    ready = _feed(assembler, [*records, other_name, _late("r", attempt, 0.75, name="thumbs")])
+    (trajectory,) = ready
+    assert trajectory.reward == 0.75 and trajectory.reward_from == "late"  # type: ignore[attr-defined]
+
+
+def test_a_late_reward_past_the_bound_does_not_count() -> None:
+    records, _ = _attempt("r")
+    end = len(records) - 2  # the AttemptFinished's index
+    late = _late("r", None, 1.0, name="thumbs")
+    times = {len(records): T0 + end + 61_000}  # stamped 61 s after the attempt's end
+    for missing, expected in ((MissingLateReward.DROP, "dropped"), ("final", "fallback")):
+        assembler = Assembler(late_reward=LateRewardRule("thumbs", 60, MissingLateReward(missing)))
+        ready = _feed(assembler, [*records, late], times)
+        dropped = assembler.dropped()
+        got = [t.reward_from for t in (*ready, *dropped)]  # type: ignore[attr-defined]
+        assert got == [expected]
+        if expected == "fallback":
+            assert ready[0].reward == 0.0  # type: ignore[attr-defined]
+
+
+def test_broker_time_passing_at_the_partition_end_decides_too() -> None:
+    records, _ = _attempt("r")
+    assembler = Assembler(late_reward=LateRewardRule("thumbs", 1, MissingLateReward.DROP))
+    _feed(assembler, records)
+    assembler.tick(T0 + 500, [("rollouts", 0)])
+    assert assembler.dropped() == []
+    assembler.tick(T0 + 10_000, [("rollouts", 1)])  # another partition's time
+    assert assembler.dropped() == []
+    assembler.tick(T0 + 10_000, [("rollouts", 0)])
+    assert [t.reward_from for t in assembler.dropped()] == ["dropped"]
+
+
+def test_a_reward_before_its_attempt_is_refused_by_the_trainer_too() -> None:
+    records, _ = _attempt("r")
+    early = _late("r", None, 1.0, name="thumbs")
+    assembler = Assembler(late_reward=LateRewardRule("thumbs", 3600))
+    assert _feed(assembler, [records[0], early, *records[1:]]) == []
+    assert assembler.counts["late_rewards_refused"] == 1
+
+
+def test_the_latest_given_reward_counts_and_per_call_gives_it_to_the_named_call() -> None:
+    records, attempt = _attempt("r")
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    first = _late("r", attempt, 0.1, name="thumbs", given_at=at + timedelta(seconds=5))
+    earlier = _late("r", attempt, 0.9, name="thumbs", given_at=at)
+    assembler = Assembler(late_reward=LateRewardRule("thumbs", 60))
+    # the first to arrive releases the trajectory: it is the latest given so far
+    (trajectory,) = _feed(assembler, [*records, first, earlier])
+    assert trajectory.reward == 0.1  # type: ignore[attr-defined]
+    per_call = build_triplets(trajectory, RewardRule.PER_CALL)  # type: ignore[arg-type]
+    # the reward span (0.0) and the late reward (0.1) both go to the one call
+    assert [t.reward for t in per_call.triplets] == [0.1]
+    step = build_step([[trajectory]], {"run-v0": 0}, 0, Staleness())  # type: ignore[list-item]
+    assert step.counts["late_reward_late"] == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.permutations(range(4)))
+def test_without_a_rule_late_rewards_change_nothing(order: list[int]) -> None:
+    records, attempt = _attempt("r")
+    late = [_late("r", attempt, float(i), name="thumbs") for i in range(4)]
+    assembler = Assembler()
+    (trajectory,) = _feed(assembler, [*records, *(late[i] for i in order)][: len(records) + 4])
+    assert trajectory.reward == 0.0 and trajectory.reward_from == "final"  # type: ignore[attr-defined]
+
+
+# -- POST /rewards bodies --------------------------------------------------------------------
+
+
+def test_reward_bodies_one_or_many_with_sessions() -> None:
+    body = [
+        {"rollout_id": "r1", "value": 1, "name": "thumbs", "metadata": {"u": "9"}},
+        {"session": "conv-7", "value": -0.5, "given_at": "2026-11-27T10:00:00Z"},
+    ]
+    one, two = parse_rewards(json.dumps(body).encode(), lambda key: f"session-{key}")
+    assert (one.rollout_id, one.value, one.name, one.source) == ("r1", 1.0, "thumbs", "http")
+    assert (two.rollout_id, two.occurred_at.hour) == ("session-conv-7", 10)
+    assert isinstance(one.event_id, uuid.UUID)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{", "not JSON"),
+        (b"[]", "empty list"),
+        (b'[{"rollout_id": "r", "value": 1}, 3]', "reward 1 is not a JSON object"),
+        (b'{"rollout_id": "r"}', "value must be a number"),
+        (b'{"rollout_id": "r", "value": true}', "value must be a number"),
+        (b'{"rollout_id": "r", "value": 1e400}', "finite"),
+        (b'{"value": 1}', "rollout_id must be a non-empty string"),
+        (b'{"rollout_id": "r", "value": 1, "colour": "red"}', "unknown fields ['colour']"),
+        (b'{"session": "k", "value": 1}', "this server has no sessions"),
+        (b'{"rollout_id": "r", "value": 1, "given_at": "2026-11-27T10:00:00"}', "time zone"),
+        (b'{"rollout_id": "r", "value": 1, "given_at": "yesterday"}', "Invalid isoformat"),
+        (b'{"rollout_id": "r", "value": 1, "span_id": "xyz"}', "span_id"),
+    ],
+)
+def test_bad_reward_bodies_are_refused_with_the_reason(body: bytes, says: str) -> None:
+    with pytest.raises(BadRewards) as caught:
+        parse_rewards(body)
+    assert says in str(caught.value)
