@@ -81,6 +81,7 @@ cli.add_command(replay.replay_command)
 cli.add_command(train.retrain_command)
 cli.add_command(train.checkpoints_command)
 cli.add_command(traffic.reward_command)
+cli.add_command(traffic.ingest)
 
 
 if __name__ == "__main__":

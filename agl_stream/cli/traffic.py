@@ -70,3 +70,86 @@ def reward_command(
         )
 
     run(send())
+
+
+@click.group()
+def ingest() -> None:
+    """Spans from systems that are not agl-stream runners."""
+
+
+@ingest.command("otlp")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=4318, show_default=True)
+@click.option("--no-http", is_flag=True, help="No OTLP/HTTP receiver (only --collector-topic).")
+@click.option(
+    "--token",
+    envvar="AGL_STREAM_OTLP_TOKEN",
+    metavar="TOKEN",
+    help="Bearer token the receiver requires. [env: AGL_STREAM_OTLP_TOKEN; default: none]",
+)
+@click.option(
+    "--collector-topic",
+    metavar="TOPIC",
+    help="Also read this topic of an OpenTelemetry Collector's Kafka exporter (otlp_proto "
+    "encoding), on the same brokers, whole name (no prefix).",
+)
+@click.option("--group", "group_id", help="Consumer group for --collector-topic.")
+@click.pass_obj
+@friendly_errors
+def ingest_otlp(
+    app: AppContext,
+    /,
+    host: str,
+    port: int,
+    no_http: bool,
+    token: str | None,
+    collector_topic: str | None,
+    group_id: str | None,
+) -> None:
+    """Take OpenTelemetry spans as rollouts: an OTLP/HTTP receiver (POST /v1/traces,
+    protobuf or JSON) and/or a Collector's Kafka topic. Spans map to rollouts and attempts by
+    their `agl.rollout.id` and `agl.attempt.id` attributes (span, then resource); spans
+    without them are one unattributed rollout per trace (`otlp-trace-<trace id>`). A payload
+    that cannot be read gets a 400 (or a dead letter) with the reason."""
+    import asyncio
+
+    from agl_stream.cli.common import listening_on, stop_on_signals
+    from agl_stream.kafka import producer
+    from agl_stream.otlp.ingest import OtlpIngest, OtlpReceiver, consume_collector_topic
+    from agl_stream.streams import EventPublisher, Topics
+    from agl_stream.topic_admin import ensure_topics_ready
+
+    if no_http and collector_topic is None:
+        raise click.UsageError("nothing to ingest: --no-http needs --collector-topic")
+    kafka = app.kafka()
+    group = group_id or f"{kafka.topic_prefix.rstrip('.')}-otlp-ingest"
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        await ensure_topics_ready(kafka, ("rollouts", "spans", "dlq"))
+        async with producer(kafka) as prod:
+            ingester = OtlpIngest(EventPublisher(prod, Topics(kafka)))
+            receiver = OtlpReceiver(ingester, token)
+            if not no_http:
+                with listening_on(f"{host}:{port}"):
+                    url = await receiver.start(host, port)
+                console.print(f"OTLP/HTTP receiver on {url}/v1/traces", highlight=False)
+            jobs: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
+            if collector_topic is not None:
+                jobs.append(
+                    asyncio.create_task(
+                        consume_collector_topic(kafka, ingester, prod, collector_topic, group, stop)
+                    )
+                )
+                console.print(f"reading {collector_topic} as group {group}", highlight=False)
+            try:
+                done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
+                for job in done:
+                    job.result()  # a consumer that failed ends the command with its error
+            finally:
+                stop.set()
+                await asyncio.gather(*jobs, return_exceptions=True)
+                await receiver.stop()
+                console.print(f"ingested: {ingester.counts}", highlight=False)
+
+    run(main())

@@ -41,7 +41,7 @@ from tests.unit.test_cli import _commands
 # only their parsing is fuzzed. The others run to the end against nothing listening.
 # Parsed only, never run: long-lived commands (a valid line would start a server or a
 # worker), and `schemas release`, which writes into the repository's schemas/released/.
-LONG_LIVED = {"up", "down", "demo", "worker", "serve", "gateway", "chaos", "release"}
+LONG_LIVED = {"up", "down", "demo", "worker", "serve", "gateway", "chaos", "release", "ingest"}
 
 NOBODY = pick_port(40_000, 50_000)
 UNREACHABLE_ENV = {
