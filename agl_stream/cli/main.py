@@ -82,6 +82,7 @@ cli.add_command(train.retrain_command)
 cli.add_command(train.checkpoints_command)
 cli.add_command(traffic.reward_command)
 cli.add_command(traffic.ingest)
+cli.add_command(traffic.export_command)
 
 
 if __name__ == "__main__":

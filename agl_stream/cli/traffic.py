@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from datetime import datetime
 
 import click
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, parse_key_values, run
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    err_console,
+    friendly_errors,
+    parse_key_values,
+    run,
+)
 from agl_stream.cli.times import TIME
 from agl_stream.events import DEFAULT_REWARD_NAME
 
@@ -153,3 +161,102 @@ def ingest_otlp(
                 console.print(f"ingested: {ingester.counts}", highlight=False)
 
     run(main())
+
+
+@click.command("export")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["transcripts", "triplets", "pairs"]),
+    default="transcripts",
+    show_default=True,
+    help="Conversations with rewards (SFT), LLM calls with token ids (RL), or chosen/rejected "
+    "pairs of one task's attempts (DPO).",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="File (JSONL: default stdout)."
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    default=("succeeded",),
+    show_default=True,
+    type=click.Choice(["succeeded", "failed", "timeout", "unresponsive"]),
+    help="Attempts that ended so (repeatable).",
+)
+@click.option("--mode", "modes", multiple=True, type=click.Choice(["train", "val", "test"]))
+@click.option(
+    "--metadata", multiple=True, metavar="KEY=VALUE", help="Rollout metadata; repeatable."
+)
+@click.option(
+    "--since", type=TIME, help="Attempts that finished from this time (ISO 8601 or an age)."
+)
+@click.option("--until", type=TIME, help="Attempts that finished before this time.")
+@click.option(
+    "--reward",
+    "reward_name",
+    metavar="NAME",
+    help="Each attempt's reward is the late reward NAME (`agl-stream reward`) instead of its own.",
+)
+@click.option("--min-reward", type=float, help="Only attempts whose reward reaches this.")
+@click.option("--read-model", help="Export from this read model instead of the active one.")
+@click.pass_obj
+@friendly_errors
+def export_command(
+    app: AppContext,
+    /,
+    fmt: str,
+    kind: str,
+    output: str | None,
+    statuses: tuple[str, ...],
+    modes: tuple[str, ...],
+    metadata: tuple[str, ...],
+    since: datetime | None,
+    until: datetime | None,
+    reward_name: str | None,
+    min_reward: float | None,
+    read_model: str | None,
+) -> None:
+    """Export datasets from the read model: transcripts and triplets with their rewards, or
+    preference pairs, as JSON Lines or Parquet, streamed (constant memory at any size)."""
+    import sys
+    from pathlib import Path
+
+    from agl_stream.export.run import export
+    from agl_stream.export.source import ExportError, ExportFilter, attempts
+    from agl_stream.export.writers import JsonlWriter, ParquetWriter, Writer
+
+    if fmt == "parquet" and output is None:
+        raise click.UsageError("--format parquet writes a file: give --output")
+    if min_reward is not None and not math.isfinite(min_reward):
+        raise click.BadParameter("give a finite number", param_hint="--min-reward")
+    try:
+        chosen = ExportFilter(
+            attempt_status=statuses, modes=modes,
+            metadata=parse_key_values(metadata, "--metadata") or None, since=since, until=until,
+            reward_name=reward_name, min_reward=min_reward, by_group=kind == "pairs",
+        )  # fmt: skip
+    except ExportError as exc:
+        raise click.UsageError(str(exc)) from None
+    database = app.database()
+
+    async def go(writer: Writer) -> None:
+        try:
+            counts = await export(kind, attempts(database.asyncpg_dsn, chosen, read_model), writer)
+        except ExportError as exc:
+            raise click.UsageError(str(exc)) from None
+        err_console.print(
+            f"exported {counts.rows:,} {kind} from {counts.attempts:,} attempts "
+            f"({counts.calls:,} LLM calls)" + (f" to {output}" if output else ""),
+            highlight=False,
+        )
+
+    if fmt == "parquet":
+        assert output is not None
+        run(go(ParquetWriter(Path(output), kind)))
+        return
+    with open(output, "wb") if output else contextlib.nullcontext(sys.stdout.buffer) as handle:
+        run(go(JsonlWriter(handle)))

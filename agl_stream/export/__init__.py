@@ -1,0 +1,1 @@
+"""`agl-stream export`: datasets out of the read model, streamed in constant memory."""
