@@ -256,7 +256,11 @@ def export_command(
 
     if fmt == "parquet":
         assert output is not None
-        run(go(ParquetWriter(Path(output), kind)))
+        try:
+            parquet = ParquetWriter(Path(output), kind)
+        except RuntimeError as exc:  # no pyarrow
+            raise click.UsageError(str(exc)) from None
+        run(go(parquet))
         return
     with open(output, "wb") if output else contextlib.nullcontext(sys.stdout.buffer) as handle:
         run(go(JsonlWriter(handle)))
