@@ -35,7 +35,7 @@ PREFIX = "agl_stream"
 # Counts that go up and down (the rest only grow: counters).
 GAUGES = frozenset({
     "ledger_rollouts", "in_flight", "lag", "step", "waiting_trajectories", "pending_rollouts",
-    "takeover_ms_last", "round",
+    "takeover_ms_last", "round", "sessions_open",
 })  # fmt: skip
 # Counts with a label: rollouts_succeeded -> agl_stream_rollouts_total{status="succeeded"}
 # (a runner's; APO's under agl_stream_apo_).

@@ -37,9 +37,7 @@ from agl_stream.gateway.routes import (
     upstream_url,
 )
 from agl_stream.gateway.sessions import (
-    ATTEMPT_HEADER,
     CALL_HEADER,
-    ROLLOUT_HEADER,
     SESSION_END_HEADER,
     Session,
     SessionConfig,
@@ -331,9 +329,7 @@ class Gateway:
         recorded = _Recorded(self, route, CallRecord(kind, body))
         if route is not None:
             route.recorder.touch()
-            if route.upstreams == {}:  # a session's: say which rollout and attempt
-                recorded.headers[ROLLOUT_HEADER] = route.recorder.rollout_id
-                recorded.headers[ATTEMPT_HEADER] = route.recorder.attempt_id
+            recorded.headers.update(route.answer_headers)
         try:
             if body.get("stream"):
                 return await self._stream(request, url, body, recorded)

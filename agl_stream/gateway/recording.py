@@ -35,6 +35,8 @@ class AttemptRoute:
     calls: set[asyncio.Task[object]] = field(default_factory=set)
     # A bearer token the attempt's URLs require (a process agent's AGL_KEY); None: open.
     key: str | None = None
+    # Headers every answer on this route carries (a gateway session's rollout and attempt).
+    answer_headers: Mapping[str, str] = field(default_factory=dict)
 
     async def drain(self, grace_seconds: float) -> None:
         """Wait for calls in flight to end; cancel those still running after the grace (each

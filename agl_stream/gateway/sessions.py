@@ -93,7 +93,7 @@ class Sessions:
         # Keys this process ended (a key names one session), the most recent ones.
         self.ended: OrderedDict[str, None] = OrderedDict()
         self.counts: dict[str, int] = {"sessions_started": 0, "sessions_ended": 0}
-        self._lock = asyncio.Lock()
+        self._starting: dict[str, asyncio.Future[Session]] = {}
 
     def rollout_id(self, key: str) -> str:
         return f"{self.config.prefix}{key}"
@@ -104,34 +104,54 @@ class Sessions:
             raise SessionRefused(
                 f"a session key ({self.config.header}) must be 1-{MAX_KEY} printable characters"
             )
-        async with self._lock:
-            session = self.open.get(key)
-            if session is not None and not session.ending:
-                session.last_call = time.monotonic()
-                return session
-            if session is not None or key in self.ended:
-                raise SessionRefused(
-                    f"session {key!r} has ended (rollout {self.rollout_id(key)}); "
-                    "start a new conversation with a new key",
-                    409,
-                )
-            rollout_id = self.rollout_id(key)
-            attempt_id = f"{self.worker_id}-{secrets.token_hex(4)}"
-            started = AttemptStarted(
-                rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1,
-                worker_id=self.worker_id, resources_id=self.config.resources_id,
-                task=AttemptTask(
-                    input_json=session_task(body), mode=self.config.mode,
-                    metadata={"source": "gateway", "session": key},
-                ),
-            )  # fmt: skip
-            await self.publisher.publish("rollouts", started)
-            recorder = AttemptRecorder(rollout_id, attempt_id)
-            recorder.start_clocks()
-            route = AttemptRoute(recorder, {}, self.config.resources_id)
-            session = self.open[key] = Session(key, route, started)
-            self.counts["sessions_started"] += 1
+        session = self.open.get(key)
+        if session is not None and not session.ending:
+            session.last_call = time.monotonic()
             return session
+        if session is not None or key in self.ended:
+            raise SessionRefused(
+                f"session {key!r} has ended (rollout {self.rollout_id(key)}); "
+                "start a new conversation with a new key",
+                409,
+            )
+        starting = self._starting.get(key)
+        if starting is not None:  # its first call is still putting it on the broker
+            return await asyncio.shield(starting)
+        starting = self._starting[key] = asyncio.get_running_loop().create_future()
+        try:
+            session = await self._start(key, body)
+        except Exception as exc:  # the broker refused: said to the caller (a 503)
+            refused = SessionRefused(f"session {key!r} could not be started: {exc!r}", 503)
+            starting.set_exception(refused)  # the calls waiting on it get it too
+            starting.exception()  # (retrieved: only the waiters raise it)
+            raise refused from exc
+        except BaseException:
+            starting.cancel()
+            raise
+        finally:
+            del self._starting[key]
+        starting.set_result(session)
+        return session
+
+    async def _start(self, key: str, body: dict[str, Any]) -> Session:
+        rollout_id = self.rollout_id(key)
+        attempt_id = f"{self.worker_id}-{secrets.token_hex(4)}"
+        started = AttemptStarted(
+            rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1,
+            worker_id=self.worker_id, resources_id=self.config.resources_id,
+            task=AttemptTask(
+                input_json=session_task(body), mode=self.config.mode,
+                metadata={"source": "gateway", "session": key},
+            ),
+        )  # fmt: skip
+        await self.publisher.publish("rollouts", started)
+        recorder = AttemptRecorder(rollout_id, attempt_id)
+        recorder.start_clocks()
+        ids = {ROLLOUT_HEADER: rollout_id, ATTEMPT_HEADER: attempt_id}
+        route = AttemptRoute(recorder, {}, self.config.resources_id, answer_headers=ids)
+        session = self.open[key] = Session(key, route, started)
+        self.counts["sessions_started"] += 1
+        return session
 
     async def pump(self) -> None:
         """Send the spans recorded since the last pump (a failure: sent again next time)."""
