@@ -15,6 +15,7 @@ exist, it goes to the dead-letter topic with the reason (agl_stream.rewards).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from types import TracebackType
@@ -46,14 +47,18 @@ def make_reward(
     source: str | None = None,
     metadata: Mapping[str, str] | None = None,
     given_at: datetime | None = None,
+    event_id: uuid.UUID | str | None = None,
 ) -> RewardRecorded:
-    """The event, checked; BadReward names what is wrong."""
+    """The event, checked; BadReward names what is wrong. The same `event_id` again is the
+    same reward (recorded once): give one to make a retried send safe."""
     fields: dict[str, Any] = {
         "rollout_id": rollout_id, "value": value, "name": name, "attempt_id": attempt_id,
         "span_id": span_id, "source": source, "metadata": dict(metadata or {}),
     }  # fmt: skip
     if given_at is not None:
         fields["occurred_at"] = given_at
+    if event_id is not None:
+        fields["event_id"] = event_id
     try:
         return RewardRecorded.model_validate(fields)
     except ValidationError as exc:

@@ -3,11 +3,13 @@ JSON object or a list of them (at most 1000):
 
     {"rollout_id": "ro-42", "value": 1.0, "name": "thumbs", "attempt_id": "...",
      "span_id": "b7ad6b7169203331", "source": "webapp", "metadata": {"user": "u-9"},
-     "given_at": "2026-11-27T10:00:00Z"}
+     "given_at": "2026-11-27T10:00:00Z", "event_id": "a UUID"}
 
 `session` may stand for `rollout_id` on a gateway with sessions (the rollout of that session
-key). Each becomes a RewardRecorded on the rollouts topic; the answer, once the broker has
-them all, lists their event ids. A body with any problem is refused whole (400, naming it).
+key). `event_id` (optional, a UUID) is the reward's identity: a client that sends a reward
+again after a lost answer with the same id records it once. Each becomes a RewardRecorded on
+the rollouts topic; the answer, once the broker has them all, lists their event ids. A body
+with any problem is refused whole (400, naming it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from agl_stream.streams import EventPublisher
 MAX_REWARDS = 1000
 FIELDS = frozenset(
     {"rollout_id", "session", "value", "name", "attempt_id", "span_id", "source", "metadata",
-     "given_at"}
+     "given_at", "event_id"}
 )  # fmt: skip
 
 
@@ -75,7 +77,7 @@ def _reward(where: str, item: Any, session_rollout: Callable[[str], str] | None)
         when = None if given_at is None else datetime.fromisoformat(str(given_at))
         if when is not None and when.tzinfo is None:
             raise BadRewards(f"{where}: given_at needs a time zone (e.g. 2026-11-27T10:00:00Z)")
-        options = {k: item[k] for k in ("name", "attempt_id", "span_id") if k in item}
+        options = {k: item[k] for k in ("name", "attempt_id", "span_id", "event_id") if k in item}
         return make_reward(
             rollout_id, float(value), source=item.get("source", "http"),
             metadata=item.get("metadata"), given_at=when, **options,

@@ -204,12 +204,14 @@ def test_without_a_rule_late_rewards_change_nothing(order: list[int]) -> None:
 def test_reward_bodies_one_or_many_with_sessions() -> None:
     body = [
         {"rollout_id": "r1", "value": 1, "name": "thumbs", "metadata": {"u": "9"}},
-        {"session": "conv-7", "value": -0.5, "given_at": "2026-11-27T10:00:00Z"},
-    ]
+        {"session": "conv-7", "value": -0.5, "given_at": "2026-11-27T10:00:00Z",
+         "event_id": "12345678-1234-5678-1234-567812345678"},
+    ]  # fmt: skip
     one, two = parse_rewards(json.dumps(body).encode(), lambda key: f"session-{key}")
     assert (one.rollout_id, one.value, one.name, one.source) == ("r1", 1.0, "thumbs", "http")
     assert (two.rollout_id, two.occurred_at.hour) == ("session-conv-7", 10)
     assert isinstance(one.event_id, uuid.UUID)
+    assert two.event_id == uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
 @pytest.mark.parametrize(
@@ -227,6 +229,7 @@ def test_reward_bodies_one_or_many_with_sessions() -> None:
         (b'{"rollout_id": "r", "value": 1, "given_at": "2026-11-27T10:00:00"}', "time zone"),
         (b'{"rollout_id": "r", "value": 1, "given_at": "yesterday"}', "Invalid isoformat"),
         (b'{"rollout_id": "r", "value": 1, "span_id": "xyz"}', "span_id"),
+        (b'{"rollout_id": "r", "value": 1, "event_id": "nope"}', "event_id"),
     ],
 )
 def test_bad_reward_bodies_are_refused_with_the_reason(body: bytes, says: str) -> None:
