@@ -125,6 +125,7 @@ def ingest_otlp(
     from agl_stream.kafka import producer
     from agl_stream.otlp.ingest import OtlpIngest, OtlpReceiver, consume_collector_topic
     from agl_stream.streams import EventPublisher, Topics
+    from agl_stream.supervision import restarting
     from agl_stream.topic_admin import ensure_topics_ready
 
     if no_http and collector_topic is None:
@@ -144,11 +145,15 @@ def ingest_otlp(
                 console.print(f"OTLP/HTTP receiver on {url}/v1/traces", highlight=False)
             jobs: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
             if collector_topic is not None:
-                jobs.append(
-                    asyncio.create_task(
-                        consume_collector_topic(kafka, ingester, prod, collector_topic, group, stop)
-                    )
+                # A failure (the broker away a while) is logged and the consumer starts again
+                # from the group's committed offsets: nothing is lost, spans are deduplicated.
+                following = restarting(
+                    lambda: consume_collector_topic(
+                        kafka, ingester, prod, collector_topic, group, stop
+                    ),
+                    f"reading {collector_topic}",
                 )
+                jobs.append(asyncio.create_task(following))
                 console.print(f"reading {collector_topic} as group {group}", highlight=False)
             try:
                 done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)

@@ -4,9 +4,12 @@ unknown rollout or attempt, or given before any attempt, into the dead-letter to
 
 from __future__ import annotations
 
+import io
 import json
+import math
 
 import aiohttp
+import fastavro
 
 from agl_stream.cli.dlq import read_dead_letters
 from agl_stream.config import DatabaseSettings, KafkaSettings
@@ -15,9 +18,11 @@ from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import producer
 from agl_stream.late_rewards import RewardSender
 from agl_stream.queries import ReadModel
+from agl_stream.schema_registry import default_registry
 from agl_stream.streams import EventPublisher, Topics
 from tests.integration.helpers import eventually, invoke_cli
 from tests.integration.projection import assert_equals_replay, caught_up, ends, projector_in_process
+from tests.unit.golden import GOLDEN_EVENTS
 
 TOKEN = "s3cret-token-of-16+"
 
@@ -44,6 +49,13 @@ async def test_rewards_from_every_producer_are_joined_or_dead_lettered(
         await rewards.send("r1", 0.5, name="ci", attempt_id="a1", source="python")
         await rewards.send("r1", 1.0, name="thumbs", attempt_id="not-an-attempt")
         await rewards.send("nobody", 1.0)
+        # Another language's producer writes a NaN: valid Avro, not a valid reward.
+        nan = GOLDEN_EVENTS["RewardRecorded"].model_dump(mode="python") | {"value": math.nan}
+        schema = default_registry().current["RewardRecorded"]
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, schema.parsed, {**nan, "rollout_id": "r1"})
+        raw = b"\xc3\x01" + schema.fingerprint + body.getvalue()
+        await prod.send_and_wait(kafka.topic("rollouts"), raw, key=b"r1")
         cli = await invoke_cli(*broker, "reward", "r1", "-1", "--name", "thumbs",
                                "--call", "00f067aa0ba902b7", "--metadata", "user=u9")  # fmt: skip
         assert cli.exit_code == 0, cli.output
@@ -96,8 +108,16 @@ async def test_rewards_from_every_producer_are_joined_or_dead_lettered(
     assert missing.exit_code == 1 and "no rollout 'nobody'" in missing.output
 
     letters = await read_dead_letters(kafka, 100)
-    letters = [d for d in letters if d.source_topic == kafka.topic("rollouts")]
+    # One letter per record (a batch read again after a rebalance dead-letters it again).
+    letters = list(
+        {
+            (d.source_partition, d.source_offset): d
+            for d in letters
+            if d.source_topic == kafka.topic("rollouts")
+        }.values()
+    )
     assert sorted((d.kind, d.reason.split(",")[0]) for d in letters) == [
+        ("invalid", "invalid RewardRecorded: value: Value error"),
         ("unknown_attempt", "a reward for attempt 'not-an-attempt' of rollout 'r1'"),
         ("unknown_rollout", "a reward for rollout 'nobody'"),
         ("unknown_rollout", "a reward for rollout 'r-early'"),
