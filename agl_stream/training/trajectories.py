@@ -19,6 +19,7 @@ lie above the cut, so a trainer resumed from the cut neither re-uses nor loses a
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -148,6 +149,9 @@ class Assembler:
         self._records = 0
         self._clock: dict[TopicPartition, int] = {}  # rollouts partition -> broker time, ms
         self._held: set[str] = set()  # rollouts with a trajectory waiting for a late reward
+        # Per rollouts partition, (deadline ms, rollout id) of those waiting, soonest first:
+        # broker time passing a deadline looks at that rollout again (-1: deadline not known).
+        self._deadlines: dict[TopicPartition, list[tuple[int, str]]] = {}
 
     # -- input ------------------------------------------------------------------------------
 
@@ -265,8 +269,22 @@ class Assembler:
         if timestamp_ms <= self._clock.get(tp, -1):
             return
         self._clock[tp] = timestamp_ms
-        for rollout_id in [r for r in self._held if self.pending[r].lifecycle == tp]:
-            self._check(rollout_id, self.pending[rollout_id])
+        due = self._deadlines.get(tp, [])
+        while due and due[0][0] < timestamp_ms:
+            _, rollout_id = heapq.heappop(due)
+            if rollout_id in self._held:
+                self._held.discard(rollout_id)  # _check holds it again if it still waits
+                self._check(rollout_id, self.pending[rollout_id])
+
+    def _hold(
+        self, rollout_id: str, rollout: _Rollout, attempt: _Attempt, rule: LateRewardRule
+    ) -> None:
+        if rollout_id in self._held or rollout.lifecycle is None:
+            return
+        self._held.add(rollout_id)
+        ended = attempt.finished_ms
+        deadline = -1 if ended is None else ended + int(rule.wait_seconds * 1000)
+        heapq.heappush(self._deadlines.setdefault(rollout.lifecycle, []), (deadline, rollout_id))
 
     def _reward(self, rollout: _Rollout, event: RewardRecorded) -> None:
         before = [a for a, x in rollout.attempts.items() if x.started or x.finished]
@@ -340,7 +358,7 @@ class Assembler:
             if self.late_reward is not None:
                 ruled = self._late(rollout, attempt, trajectory, self.late_reward)
                 if ruled is None:
-                    self._held.add(rollout_id)
+                    self._hold(rollout_id, rollout, attempt, self.late_reward)
                     continue
                 if ruled.reward_from == "dropped":
                     attempt.handed = True
