@@ -276,7 +276,9 @@ class Gateway:
         route = self.routes.get((identity.rollout_id, identity.attempt_id)) if identity else None
         session: Session | None = None
         key = request.headers.get(self.sessions.config.header) if self.sessions else None
-        if identity is None and key is not None and self.sessions is not None:
+        recorded_call = ENDPOINTS.get(endpoint) is not None and request.method == "POST"
+        if identity is None and key is not None and self.sessions is not None and recorded_call:
+            # (only calls that are recorded: a session is its LLM calls, not a model listing)
             try:
                 session = await self.sessions.route(key, _json_object(await request.read()))
             except SessionRefused as exc:

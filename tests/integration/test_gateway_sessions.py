@@ -67,6 +67,8 @@ async def test_sessions_become_rollouts_joined_with_their_feedback(
         feedback = await _app().run(url, TOKEN, users=4, conversations=12)
         llm = openai.AsyncOpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0)
         talk = {"X-AGL-Session": "long"}
+        await llm.models.list(extra_headers=talk)  # not a recorded call: starts nothing
+        assert gateway.sessions is not None and "long" not in gateway.sessions.open
         first = await llm.completions.with_raw_response.create(
             model="p", prompt="<bos> a", max_tokens=2, extra_headers=talk
         )
