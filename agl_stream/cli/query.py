@@ -162,14 +162,25 @@ def rollouts(
 @click.pass_obj
 @friendly_errors
 def attempts(app: AppContext, rollout_id: str, read_model: str | None, as_json: bool) -> None:
-    """The attempts of a rollout, oldest first."""
+    """The attempts of a rollout, oldest first, with the rewards given to them later (the
+    latest of each name, the attempt's own before its rollout's)."""
     found = _ask(app, read_model, lambda rm: rm.attempts(rollout_id))
     if as_json:
         _print_json(found)
         return
+    given = _ask(app, read_model, lambda rm: rm.rewards(rollout_id))
+
+    def late(attempt_id: str) -> str:
+        latest: dict[str, float] = {}
+        for r in sorted(given, key=lambda r: r.attempt_id is None):  # newest first within
+            if r.attempt_id in (None, attempt_id):
+                latest.setdefault(r.name, r.value)
+        return " ".join(f"{name}={_n(value)}" for name, value in sorted(latest.items()))
+
     _table(
         f"attempts of {rollout_id}",
-        ("#", "attempt", "status", "worker", "resources", "spans", "reward", "started", "error"),
+        ("#", "attempt", "status", "worker", "resources", "spans", "reward", "late rewards",
+         "started", "error"),
         [
             (
                 str(a.attempt_number),
@@ -179,12 +190,13 @@ def attempts(app: AppContext, rollout_id: str, read_model: str | None, as_json: 
                 a.resources_id or "",
                 f"{a.spans_received}/{'' if a.span_count is None else a.span_count}",
                 _n(a.reward),
+                late(a.attempt_id),
                 _t(a.started_at),
                 "" if a.error is None else f"{a.error.get('type')}: {a.error.get('message')}",
             )
             for a in found
         ],
-    )
+    )  # fmt: skip
 
 
 @query.command()

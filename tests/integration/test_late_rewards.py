@@ -104,6 +104,9 @@ async def test_rewards_from_every_producer_are_joined_or_dead_lettered(
     shown = await invoke_cli(*url, "query", "rewards", "r1", "--name", "thumbs", "--json")
     assert shown.exit_code == 0, shown.output
     assert [r["metadata"] for r in json.loads(shown.output)] == [{"user": "u9"}]
+    table = await invoke_cli(*url, "query", "attempts", "r1")
+    assert table.exit_code == 0, table.output
+    assert all(w in table.output for w in ("late", "ci=0.5", "label=", "thumbs")), table.output
     missing = await invoke_cli(*url, "query", "rewards", "nobody")
     assert missing.exit_code == 1 and "no rollout 'nobody'" in missing.output
 
