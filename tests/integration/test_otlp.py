@@ -8,18 +8,20 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import sys
 
 import aiohttp
 from aiokafka.admin import NewTopic
 
 from agl_stream.cli.dlq import read_dead_letters
-from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
+from agl_stream.embedded.process import free_port
 from agl_stream.kafka import admin_client, producer
 from agl_stream.late_rewards import RewardSender
 from agl_stream.otlp.ingest import OtlpIngest, OtlpReceiver, consume_collector_topic
 from agl_stream.queries import ReadModel
 from agl_stream.streams import EventPublisher, Topics
-from tests.integration.helpers import eventually
+from tests.integration.helpers import eventually, invoke_cli
 from tests.integration.projection import caught_up, ends, projector_in_process
 from tests.otlp_payloads import otlp_json, request, span
 
@@ -110,3 +112,36 @@ async def test_spans_from_otlp_http_and_a_collector_topic_become_rollouts(
     letters = [d for d in await read_dead_letters(kafka, 50) if d.source_topic == collector_topic]
     assert [d.kind for d in letters] == ["otlp_unreadable"]
     assert "not an OTLP ExportTraceServiceRequest" in letters[0].reason
+
+
+async def test_the_cli_receives_until_it_is_stopped(kafka: KafkaSettings) -> None:
+    """`agl-stream ingest otlp` as a user runs it: it listens, takes a payload, and on SIGTERM
+    stops saying what it ingested; a command line with nothing to ingest is refused."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", "ingest", "otlp", "--port", str(port),
+        env={**child_environment(kafka), "AGL_STREAM_OTLP_TOKEN": TOKEN},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def accepted() -> bool:
+                assert process.returncode is None
+                body = request([span(TRACE + 3, 1, "cli")]).SerializeToString()
+                try:
+                    async with http.post(url, data=body, headers=headers) as answer:
+                        return answer.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            await eventually(accepted, 60, "the receiver to take a payload")
+    finally:
+        process.terminate()
+        output = (await asyncio.wait_for(process.communicate(), 30))[0].decode()
+    assert process.returncode == 0, output
+    assert "OTLP/HTTP receiver on" in output and "'spans': 1" in output
+    refused = await invoke_cli("ingest", "otlp", "--no-http")
+    assert refused.exit_code == 2 and "--no-http needs --collector-topic" in refused.output
