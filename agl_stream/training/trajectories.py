@@ -9,7 +9,8 @@ Rewards given from outside an attempt (RewardRecorded, on the rollouts topic) jo
 trajectory when they count (after an attempt of their rollout in its partition). With a
 late-reward rule a succeeded trajectory waits for its named reward up to a bound, measured in
 the broker time of its rollouts partition: a reward stamped up to `wait` after the attempt's
-end counts; past it the trajectory is dropped or falls back to its final reward.
+end counts (the first of that name in the partition's order); past it the trajectory is
+dropped or falls back to its final reward.
 
 The assembler also says how far the trainer may claim to have consumed each partition (the
 cut): nothing below it is still needed. A rollout it still waits on holds the cut at its
@@ -401,8 +402,11 @@ class Assembler:
             for r in rollout.rewards
             if r.name == rule.name and r.attempt_id in (None, trajectory.attempt_id)
         ]
-        if named:  # a correction replaces a reward: the latest given counts
-            late = max(named, key=lambda r: (r.occurred_at, str(r.event_id)))
+        if named:
+            # The first that counts in the partition's order: what the trainer takes is then
+            # the same whenever the other topics' records come (a retrain agrees with the live
+            # run); a later correction is for the read model and exports.
+            late = named[0]
             return replace(trajectory, reward=late.value, late_reward=late, reward_from="late")
         now = self._clock.get(rollout.lifecycle) if rollout.lifecycle else None
         if attempt.finished_ms is None:  # a record without a broker time: from when seen

@@ -172,13 +172,13 @@ def test_a_reward_before_its_attempt_is_refused_by_the_trainer_too() -> None:
     assert assembler.counts["late_rewards_refused"] == 1
 
 
-def test_the_latest_given_reward_counts_and_per_call_gives_it_to_the_named_call() -> None:
+def test_the_first_reward_in_the_partition_counts_and_per_call_gives_it_to_its_call() -> None:
     records, attempt = _attempt("r")
     at = datetime(2026, 11, 1, tzinfo=UTC)
     first = _late("r", attempt, 0.1, name="thumbs", given_at=at + timedelta(seconds=5))
     earlier = _late("r", attempt, 0.9, name="thumbs", given_at=at)
     assembler = Assembler(late_reward=LateRewardRule("thumbs", 60))
-    # the first to arrive releases the trajectory: it is the latest given so far
+    # the first in the partition counts, whenever it was given
     (trajectory,) = _feed(assembler, [*records, first, earlier])
     assert trajectory.reward == 0.1  # type: ignore[attr-defined]
     per_call = build_triplets(trajectory, RewardRule.PER_CALL)  # type: ignore[arg-type]
@@ -236,3 +236,84 @@ def test_bad_reward_bodies_are_refused_with_the_reason(body: bytes, says: str) -
     with pytest.raises(BadRewards) as caught:
         parse_rewards(body)
     assert says in str(caught.value)
+
+
+# -- "unknown rollout" survives any interleaving and any batching ---------------------------
+
+
+def _partition_stream(draw: st.DrawFn) -> list[Event]:
+    """Lifecycle events and rewards of three rollouts in one rollouts partition's order."""
+    out: list[Event] = []
+    for _ in range(draw(st.integers(1, 12))):
+        rid = draw(st.sampled_from(["r1", "r2", "r3"]))
+        kind = draw(st.sampled_from(["started", "reward", "reward_attempt"]))
+        if kind == "started":
+            out.append(_started(rid, f"{rid}-a"))
+        else:
+            attempt = draw(st.sampled_from([f"{rid}-a", f"{rid}-b"]))
+            out.append(_reward(rid, attempt if kind == "reward_attempt" else None))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_same_rewards_are_refused_whatever_the_batches_and_other_topics(
+    data: st.DataObject,
+) -> None:
+    """The projector's refusals depend on the rollouts partition's order only: any split into
+    batches, and records of other topics (tasks, spans) anywhere between, refuse the same."""
+    consumed = _consumed(data.draw(st.composite(_partition_stream)()))
+    others = [
+        ConsumedEvent(event, f"agl.{tp[0]}", 0, i, None)
+        for i, (tp, event) in enumerate(one_call_attempt("r2", attempt_id="r2-a"))
+        if tp[0] != "rollouts"  # its queued record and spans: on tasks and spans
+    ]
+
+    def refused_in(batches: list[list[ConsumedEvent]]) -> set[int]:
+        state, out = State(), set()
+        for batch in batches:
+            out |= {item.offset for item, _, _ in refused_rewards(batch, state).values()}
+            project([c.event for c in batch], state)  # what the next batch loads
+        return out
+
+    whole = refused_in([consumed])
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(consumed)), max_size=4)))
+    bounds = list(zip([0, *cuts], [*cuts, len(consumed)], strict=True))
+    batches = [consumed[a:b] for a, b in bounds]
+    mixed = []
+    for batch in batches:  # merged with the other topics' records, each side in its order
+        rest, merged = list(others), []
+        for item in batch:
+            while rest and data.draw(st.booleans()):
+                merged.append(rest.pop(0))
+            merged.append(item)
+        mixed.append(merged + rest)
+    assert refused_in(batches) == whole
+    assert refused_in(mixed) == whole
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_trainer_joins_the_same_late_reward_in_any_interleaving(data: st.DataObject) -> None:
+    """A reward before the attempt's start (refused) and two after it (the first in the
+    partition counts), with the tasks and spans records anywhere: the same trajectory and
+    reward (a retrain, reading the topics in another interleaving, trains on the same)."""
+    records, attempt = _attempt("r")
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    early = _late("r", None, 9.0, name="thumbs", given_at=at + timedelta(hours=1))
+    first = _late("r", attempt, 0.25, name="thumbs", given_at=at)
+    second = _late("r", None, 0.5, name="thumbs", given_at=at + timedelta(minutes=1))
+    lifecycle = [r for r in records if r[0][0] == "rollouts"]
+    lifecycle = [early, *lifecycle[:1], first, *lifecycle[1:], second]
+    others = [r for r in records if r[0][0] != "rollouts"]
+    merged, rest = [], list(others)
+    for record in lifecycle:  # each side in its own order, merged at random
+        while rest and data.draw(st.booleans()):
+            merged.append(rest.pop(0))
+        merged.append(record)
+    merged += rest
+    assembler = Assembler(late_reward=LateRewardRule("thumbs", 3600))
+    ready = _feed(assembler, merged)
+    assert len(ready) == 1
+    assert ready[0].reward == 0.25 and ready[0].reward_from == "late"  # type: ignore[attr-defined]
+    assert assembler.counts["late_rewards_refused"] == 1
