@@ -125,10 +125,12 @@ async def rollout(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     found = await model.rollout(rollout_id)
     attempts = await model.attempts(rollout_id)
+    rewards = await model.rewards(rollout_id)
     return _json(
         {
             "rollout": found.model_dump(mode="json"),
             "attempts": [a.model_dump(mode="json") for a in attempts],
+            "rewards": [r.model_dump(mode="json") for r in rewards],
         }
     )
 

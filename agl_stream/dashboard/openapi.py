@@ -12,13 +12,14 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from agl_stream import __version__
 from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.runs import Run
-from agl_stream.queries.models import Attempt, Page, Resources, Rollout, Span, Worker
+from agl_stream.queries.models import Attempt, Page, Resources, Reward, Rollout, Span, Worker
 from agl_stream.queries.params import MAX_LIMIT, MODES, ROLLOUT_STATUSES, SORTS
 
 
 class RolloutDetail(BaseModel):
     rollout: Rollout
     attempts: list[Attempt]
+    rewards: list[Reward]  # given from outside its attempts (late, external), newest first
 
 
 class Overview(BaseModel):

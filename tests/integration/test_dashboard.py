@@ -18,6 +18,7 @@ from agl_stream.dashboard.openapi import ROUTES
 from agl_stream.dashboard.server import Dashboard
 from agl_stream.events import PromptTemplate, RolloutMode
 from agl_stream.kafka import producer
+from agl_stream.late_rewards import RewardSender, make_reward
 from agl_stream.queries import ReadModel, RolloutFilter
 from agl_stream.resources import Change, publish_resources
 from tests.integration.bad_records import foreign_record
@@ -104,6 +105,13 @@ async def test_the_api_answers_what_the_page_shows(
                 await publish_run(kafka, "grpo-a", [0.2, 0.4, 0.7])
                 async with ReadModel.open(database) as model:
                     await model.wait_for_rollouts([*train, val], within=60)
+                    async with RewardSender(kafka) as sender:  # a thumbs-up, later
+                        await sender.send_event(make_reward(val, 1.0, name="thumbs", source="app"))
+
+                    async def rewarded() -> bool:
+                        return len(await model.rewards(val)) == 1
+
+                    await eventually(rewarded, 30, "the late reward projected")
                     await asyncio.sleep(1.5)  # a heartbeat of each worker after that
 
                     async def versions() -> bool:
@@ -146,6 +154,8 @@ async def test_the_api_answers_what_the_page_shows(
         status, detail = await get(http, f"{dashboard}/api/rollouts/{val}")
         assert status == 200
         assert detail["rollout"]["mode"] == "val"
+        [late] = detail["rewards"]
+        assert (late["name"], late["value"], late["source"]) == ("thumbs", 1.0, "app")
         [attempt] = detail["attempts"]
         assert attempt["status"] == "succeeded"
         status, spans = await get(http, f"{dashboard}/api/rollouts/{val}/spans")

@@ -245,6 +245,9 @@ async function rolloutView(rolloutId, attemptId) {
       el("pre", {}, JSON.stringify(r.input, null, 2)), actionsBar(r)),
     el("h3", {}, "Attempts"),
     table(["#", "status", "worker", "reward", "spans", "started", "error"], attempts),
+    detail.rewards.length ? [el("h3", {}, "Rewards given later"), table(["name", "value", "attempt", "source", "given"],
+      detail.rewards.map((w) => el("tr", { class: "late-reward" }, el("td", {}, w.name), el("td", {}, num(w.value)),
+        el("td", {}, w.attempt_id || "the rollout"), el("td", {}, w.source || ""), el("td", {}, when(w.given_at)))))] : null,
     el("h3", {}, "Spans"),
     waterfall(spans),
   ];
