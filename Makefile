@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/e
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp,agl]'
 	$(BIN)/python -m agl_stream.embedded.kafka_dist
 	touch $(STAMP)
 

@@ -191,6 +191,21 @@ rewards = Table(
     Column("given_at", DateTime(timezone=True), nullable=False),
 )
 
+# The Agent Lightning store facade's records (agl_stream.agl), each as its highest revision:
+# `body` holds {"record": <Agent Lightning's model as JSON>, ...the facade's own fields}.
+agl_records = Table(
+    "agl_records",
+    read_model_metadata,
+    Column("kind", Text, primary_key=True),  # rollout | attempt | worker | resources
+    Column("rollout_id", Text, primary_key=True),  # '' for workers and resources
+    Column("record_id", Text, primary_key=True),
+    Column("revision", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("body", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("event_id", Uuid, nullable=False),
+)
+
 projector_offsets = Table(
     "projector_offsets",
     read_model_metadata,
@@ -210,3 +225,4 @@ Index("rollouts_resources", rollouts.c.attempt_resources_id)
 Index("resources_version", resources.c.version.desc())
 Index("rewards_given", rewards.c.given_at)
 Index("rewards_name", rewards.c.name, rewards.c.given_at)
+Index("agl_records_created", agl_records.c.kind, agl_records.c.created_at)

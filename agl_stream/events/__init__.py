@@ -1,5 +1,6 @@
 """Event contracts. Each class mirrors one Avro schema under schemas/ field by field."""
 
+from agl_stream.events.agl import AglRecordKind, AglRecordRevised
 from agl_stream.events.base import AttemptStatus, ErrorInfo, Event, RolloutMode
 from agl_stream.events.resources import (
     LLM,
@@ -42,6 +43,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SpanRecorded,
         ResourcesPublished,
         WorkerHeartbeat,
+        AglRecordRevised,
     )
 }
 
@@ -50,6 +52,8 @@ __all__ = [
     "EVENT_TYPES",
     "LLM",
     "PIN_ONLY",
+    "AglRecordKind",
+    "AglRecordRevised",
     "AttemptFinished",
     "AttemptStarted",
     "AttemptStatus",

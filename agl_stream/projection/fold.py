@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from agl_stream.events import (
+    AglRecordRevised,
     AttemptFinished,
     AttemptStarted,
     ErrorInfo,
@@ -28,6 +29,7 @@ from agl_stream.events import (
     WorkerHeartbeat,
 )
 from agl_stream.projection.rows import (
+    AglRecordRow,
     AttemptRow,
     ResourcesRow,
     RewardRow,
@@ -38,6 +40,7 @@ from agl_stream.projection.rows import (
 )
 
 AttemptKey = tuple[str, str]
+AglKey = tuple[str, str, str]  # kind, rollout id ('' for workers and resources), record id
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -50,6 +53,7 @@ class State:
     attempts: dict[AttemptKey, AttemptRow] = field(default_factory=dict)  # all of each rollout
     resources: dict[str, ResourcesRow] = field(default_factory=dict)
     workers: dict[str, WorkerRow] = field(default_factory=dict)
+    agl_records: dict[AglKey, AglRecordRow] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,12 +67,14 @@ class Changes:
     resources: list[ResourcesRow] = field(default_factory=list)
     workers: list[WorkerRow] = field(default_factory=list)
     rewards: list[RewardRow] = field(default_factory=list)  # inserted when absent
+    agl_records: list[AglRecordRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return sum(
             len(x)
             for x in (
-                self.rollouts, self.attempts, self.spans, self.resources, self.workers, self.rewards
+                self.rollouts, self.attempts, self.spans, self.resources, self.workers,
+                self.rewards, self.agl_records,
             )
         )  # fmt: skip
 
@@ -80,6 +86,7 @@ class Keys:
     rollouts: frozenset[str]
     resources: frozenset[str]
     workers: frozenset[str]
+    agl_records: frozenset[AglKey] = frozenset()
 
 
 _LIFECYCLE = (
@@ -90,20 +97,27 @@ _LIFECYCLE = (
 
 def keys(events: Iterable[Event]) -> Keys:
     rollouts, resources, workers = set(), set(), set()
+    agl: set[AglKey] = set()
     for event in events:
-        if isinstance(event, _LIFECYCLE):
+        if isinstance(event, AglRecordRevised):
+            agl.add(agl_key(event))
+        elif isinstance(event, _LIFECYCLE):
             rollouts.add(event.rollout_id)
         elif isinstance(event, ResourcesPublished):
             resources.add(event.resources_id)
         elif isinstance(event, WorkerHeartbeat):
             workers.add(event.worker_id)
-    return Keys(frozenset(rollouts), frozenset(resources), frozenset(workers))
+    return Keys(frozenset(rollouts), frozenset(resources), frozenset(workers), frozenset(agl))
 
 
 def project(events: Iterable[Event], state: State) -> Changes:
     """Fold the events into `state` (in place) and return the rows that changed."""
     before = State(
-        dict(state.rollouts), dict(state.attempts), dict(state.resources), dict(state.workers)
+        dict(state.rollouts),
+        dict(state.attempts),
+        dict(state.resources),
+        dict(state.workers),
+        dict(state.agl_records),
     )
     spans: list[SpanRow | bytes] = []
     rewards: list[RewardRow] = []
@@ -133,6 +147,9 @@ def project(events: Iterable[Event], state: State) -> Changes:
             state.workers[event.worker_id] = apply_heartbeat(
                 state.workers.get(event.worker_id), event
             )
+        elif isinstance(event, AglRecordRevised):
+            record = agl_key(event)
+            state.agl_records[record] = apply_agl_record(state.agl_records.get(record), event)
     by_rollout: dict[str, list[AttemptRow]] = {}
     for (rollout_id, _), attempt in state.attempts.items():
         by_rollout.setdefault(rollout_id, []).append(attempt)
@@ -146,6 +163,7 @@ def project(events: Iterable[Event], state: State) -> Changes:
         resources=_changed(before.resources, state.resources),
         workers=_changed(before.workers, state.workers),
         rewards=rewards,
+        agl_records=_changed(before.agl_records, state.agl_records),
     )
 
 
@@ -404,5 +422,33 @@ def apply_heartbeat(row: WorkerRow | None, event: WorkerHeartbeat) -> WorkerRow:
         interval_seconds=event.interval_seconds,
         first_seen_at=first_seen,
         last_heartbeat_at=event.occurred_at,
+        event_id=event.event_id,
+    )
+
+
+# ---- the Agent Lightning store facade's records -----------------------------------------------
+
+
+def agl_key(event: AglRecordRevised) -> AglKey:
+    return (event.kind.value, event.rollout_id or "", event.record_id)
+
+
+def apply_agl_record(row: AglRecordRow | None, event: AglRecordRevised) -> AglRecordRow:
+    """The highest revision wins (then the later event, then the higher id)."""
+    if row is not None and (row.revision, row.updated_at, row.event_id) >= (
+        event.revision,
+        event.occurred_at,
+        event.event_id,
+    ):
+        return row
+    kind, rollout_id, record_id = agl_key(event)
+    return AglRecordRow(
+        kind=kind,
+        rollout_id=rollout_id,
+        record_id=record_id,
+        revision=event.revision,
+        created_at=event.created_at,
+        body=json.loads(event.body_json),
+        updated_at=event.occurred_at,
         event_id=event.event_id,
     )

@@ -141,14 +141,29 @@ class WorkerRow:
     event_id: uuid.UUID
 
 
-Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow | RewardRow
+@dataclass(frozen=True, slots=True)
+class AglRecordRow:
+    """A record of the Agent Lightning store facade (agl_stream.agl): its highest revision.
+    `rollout_id` is the rollout of a rollout or attempt record, '' for the others."""
+
+    kind: str
+    rollout_id: str
+    record_id: str
+    revision: int
+    created_at: datetime
+    body: Json
+    updated_at: datetime
+    event_id: uuid.UUID
+
+
+Row = RolloutRow | AttemptRow | SpanRow | ResourcesRow | WorkerRow | RewardRow | AglRecordRow
 
 
 _COLUMNS: dict[type[Row], tuple[str, ...]] = {
     SpanRow: SpanRow._fields,
     **{
         t: tuple(f.name for f in fields(t))
-        for t in (RolloutRow, AttemptRow, ResourcesRow, WorkerRow, RewardRow)
+        for t in (RolloutRow, AttemptRow, ResourcesRow, WorkerRow, RewardRow, AglRecordRow)
     },
 }
 _GETTERS: dict[type[Row], Callable[[Row], tuple[Any, ...]]] = {

@@ -14,6 +14,7 @@ from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
 from agl_stream.projection.copy_binary import copy_data
 from agl_stream.projection.fold import Changes, Keys, State
 from agl_stream.projection.rows import (
+    AglRecordRow,
     AttemptRow,
     ResourcesRow,
     RewardRow,
@@ -35,6 +36,7 @@ _KEYS: dict[type[Row], tuple[str, ...]] = {
     ResourcesRow: ("resources_id",),
     WorkerRow: ("worker_id",),
     RewardRow: ("rollout_id", "event_id"),
+    AglRecordRow: ("kind", "rollout_id", "record_id"),
 }
 _TABLES: dict[type[Row], str] = {
     RolloutRow: "rollouts",
@@ -43,6 +45,7 @@ _TABLES: dict[type[Row], str] = {
     ResourcesRow: "resources",
     WorkerRow: "workers",
     RewardRow: "rewards",
+    AglRecordRow: "agl_records",
 }
 
 
@@ -96,6 +99,12 @@ class ProjectionStore:
         if keys.workers:
             for w in await self._select(WorkerRow, "worker_id", sorted(keys.workers)):
                 state.workers[w.worker_id] = w
+        if keys.agl_records:
+            ids = sorted({record_id for _, _, record_id in keys.agl_records})
+            for rec in await self._select(AglRecordRow, "record_id", ids):
+                key = (rec.kind, rec.rollout_id, rec.record_id)
+                if key in keys.agl_records:
+                    state.agl_records[key] = rec
         return state
 
     async def _select(self, row_type: type[Any], key: str, ids: list[str]) -> list[Any]:
@@ -115,6 +124,7 @@ class ProjectionStore:
             changes.resources,
             changes.workers,
             changes.rewards,
+            changes.agl_records,
         ):
             if rows:
                 await self._upsert(rows)

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 from agl_stream.events import (
     LLM,
+    AglRecordKind,
+    AglRecordRevised,
     AttemptFinished,
     AttemptStarted,
     AttemptStatus,
@@ -91,5 +93,10 @@ GOLDEN_EVENTS: dict[str, Event] = {
         event_id=ID, occurred_at=AT, worker_id="runner-a", role=WorkerRole.RUNNER,
         status=WorkerStatus.BUSY, hostname="host-1", pid=4242, current_rollouts=("ro-1",),
         counts={"attempts_succeeded": 10}, interval_seconds=5.0,
+    ),
+    "AglRecordRevised": AglRecordRevised(
+        event_id=ID, occurred_at=AT, kind=AglRecordKind.ATTEMPT, partition_key="ro-1", record_id="at-2",
+        rollout_id="ro-1", revision=3, created_at=AT,
+        body_json='{"record": {"rollout_id": "ro-1", "attempt_id": "at-2", "status": "running"}}',
     ),
 }  # fmt: skip

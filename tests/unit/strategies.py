@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from agl_stream.events import (
     LLM,
+    AglRecordKind,
+    AglRecordRevised,
     AttemptFinished,
     AttemptStarted,
     AttemptStatus,
@@ -134,6 +136,11 @@ EVENT_STRATEGIES = {
         current_rollouts=st.lists(ident, max_size=3).map(tuple),
         counts=st.dictionaries(text, long, max_size=3), interval_seconds=st.floats(0.001, 1e6),
         **common,
+    ),
+    "AglRecordRevised": st.builds(
+        AglRecordRevised, kind=st.sampled_from(AglRecordKind), partition_key=ident, record_id=ident,
+        rollout_id=st.none() | ident, revision=st.integers(1, 2**63 - 1), created_at=times,
+        body_json=json_text, **common,
     ),
 }  # fmt: skip
 
