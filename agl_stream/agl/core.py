@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -220,11 +221,15 @@ class Core:
                     sends.append(await self._publisher.send("spans", span))
             metas = [await f for f in sends]
         except ProducerFenced as exc:
+            _forget(sends)
             self.fenced = StoreFenced(
                 "another agl-stream store took over the topics with prefix "
                 f"{self.kafka.topic_prefix!r}: this one writes nothing more ({exc})"
             )
             raise self.fenced from exc
+        except BaseException:
+            _forget(sends)
+            raise
         await self.wait_for(metas)
         return written
 
@@ -240,9 +245,13 @@ class Core:
             )
 
 
-def _next_revision(record: AnyRecord, now: float) -> AnyRecord:
-    from dataclasses import replace
+def _forget(sends: Iterable[asyncio.Future[RecordMetadata]]) -> None:
+    """The sends of an aborted transaction fail with it: their errors are the caller's."""
+    for f in sends:
+        f.add_done_callback(lambda done: done.cancelled() or done.exception())
 
+
+def _next_revision(record: AnyRecord, now: float) -> AnyRecord:
     created = record.created_at if record.revision > 0 else now
     return replace(record, revision=record.revision + 1, created_at=created)
 

@@ -20,6 +20,7 @@ from agl_stream.cli import (
     serving,
     stack,
     status,
+    store,
     topics,
     traffic,
     train,
@@ -75,6 +76,7 @@ cli.add_command(enqueue.enqueue_command)
 cli.add_command(cancel.cancel_command)
 cli.add_command(requeue.requeue_command)
 cli.add_command(worker.worker)
+cli.add_command(store.store)
 cli.add_command(query.query)
 cli.add_command(resources.resources)
 cli.add_command(replay.replay_command)

@@ -1,0 +1,85 @@
+"""`agl-stream store`: Agent Lightning's HTTP store protocol over agl-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import click
+
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    friendly_errors,
+    listening_on,
+    stop_on_signals,
+)
+
+
+def _address() -> tuple[str, int]:
+    from agl_stream.agl.env import EnvError, server_address
+
+    try:
+        address = server_address()
+    except EnvError as exc:
+        raise click.UsageError(str(exc)) from None
+    return address.host, address.port
+
+
+@click.command("store")
+@click.option(
+    "--host",
+    help="Address to listen on. [default: AGL_SERVER_HOST, else the host of "
+    "AGENT_LIGHTNING_STORE_URL, else 127.0.0.1]",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Port to listen on (0: any free one). [default: AGL_SERVER_PORT, else the port of "
+    "AGENT_LIGHTNING_STORE_URL, else 4747]",
+)
+@click.option(
+    "--projector/--no-projector",
+    default=True,
+    show_default=True,
+    help="Run a projector in the store's process (or rely on `worker --role projector`).",
+)
+@click.pass_obj
+@friendly_errors
+def store(app: AppContext, /, host: str | None, port: int | None, projector: bool) -> None:
+    """Serve Agent Lightning 0.3's store protocol (what its LightningStoreClient speaks, and
+    OTLP/HTTP traces at /v1/traces) backed by agl-stream's topics and read model: Agent
+    Lightning's runners and algorithms given AGENT_LIGHTNING_STORE_URL (or AGL_SERVER_HOST and
+    AGL_SERVER_PORT) connect unchanged, and what they record survives this process."""
+    default_host, default_port = _address()
+    host = host or default_host
+    port = default_port if port is None else port
+    kafka, database = app.kafka(), app.database()
+
+    async def main() -> None:
+        from agl_stream.agl import AglStreamStore
+        from agl_stream.agl.env import store_url
+        from agl_stream.agl.server import store_server
+
+        stop = stop_on_signals()
+        facade = AglStreamStore(kafka, database, run_projector=projector)
+        try:
+            await facade.statistics()  # connects, fences an earlier store, catches up
+            server = store_server(facade, host, port)
+            with listening_on(f"{host}:{port}"):
+                await server.start()
+            url = store_url(host, int(server.endpoint.rsplit(":", 1)[1]))
+            console.print(
+                f"Agent Lightning store on {server.endpoint} "
+                f"(AGENT_LIGHTNING_STORE_URL={url}, OTLP: {url}/v1/traces)",
+                highlight=False,
+            )
+            try:
+                await stop.wait()
+            finally:
+                await server.stop()
+        finally:
+            await facade.aclose()
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    asyncio.run(main())

@@ -1,0 +1,65 @@
+"""Topics, a database and an AglStreamStore shared by a module's tests (each store start joins a
+consumer group and opens a transaction: seconds, not worth paying per test)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+import agl_stream.agl  # noqa: F401  (first: it imports Agent Lightning quietly)
+from agl_stream.config import DatabaseSettings, KafkaSettings, load
+from agl_stream.db.migrate import migrate
+from agl_stream.kafka import admin_client
+from agl_stream.topic_admin import apply_topics
+from tests.integration.backends import Backend
+
+_tracer = TracerProvider().get_tracer("agl-store-tests")
+
+
+@dataclass(frozen=True)
+class Place:
+    kafka: KafkaSettings
+    database: DatabaseSettings
+
+
+@contextlib.asynccontextmanager
+async def fresh_place(backend: Backend) -> AsyncIterator[Place]:
+    """Topics of their own and a database of its own, removed afterwards."""
+    unique = uuid.uuid4().hex[:10]
+    kafka = load(
+        KafkaSettings,
+        bootstrap_servers=backend.bootstrap_servers,
+        topic_prefix=f"t{unique}.",
+        replication_factor=backend.replication_factor,
+    )
+    await apply_topics(kafka)
+    base = load(DatabaseSettings, database_url=backend.database_url)
+    database = base.with_database(f"test_{unique}")
+    await migrate(database)
+    try:
+        yield Place(kafka, database)
+    finally:
+        conn = await asyncpg.connect(base.with_database("postgres").asyncpg_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "test_{unique}" WITH (FORCE)')
+        finally:
+            await conn.close()
+        async with admin_client(kafka) as admin:
+            names = [t for t in await admin.list_topics() if t.startswith(kafka.topic_prefix)]
+            with contextlib.suppress(Exception):  # cleanup is best effort
+                await asyncio.wait_for(admin.delete_topics(names), 10)
+
+
+def otel_span(name: str = "step", **attributes: object) -> ReadableSpan:
+    """A finished OpenTelemetry SDK span (a ReadableSpan), as a tracer hands one over."""
+    span = _tracer.start_span(name, attributes=attributes)  # type: ignore[arg-type]
+    span.end(end_time=time.time_ns())
+    assert isinstance(span, ReadableSpan)
+    return span

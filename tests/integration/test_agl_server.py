@@ -1,0 +1,197 @@
+"""`agl-stream store` speaking Agent Lightning's HTTP store protocol: Agent Lightning's own
+LightningStoreClient and an OTLP/HTTP exporter against the CLI server (found through
+AGENT_LIGHTNING_STORE_URL), through the real broker and database; bad requests get a 4xx
+with the reason; a server killed with SIGKILL and started again has lost nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from agl_stream.agl.env import otlp_endpoint
+from agl_stream.config import child_environment
+from tests.integration.agl_fixtures import Place, fresh_place
+from tests.integration.backends import Backend
+
+from agentlightning.store.client_server import LightningStoreClient  # isort: skip
+from agentlightning.types import LLM, OtelResource, Span, TraceStatus  # isort: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_server(place: Place, url: str) -> asyncio.subprocess.Process:
+    """`agl-stream store` with only AGENT_LIGHTNING_STORE_URL saying where: up when healthy."""
+    env = child_environment(place.kafka, place.database)
+    env.update(AGENT_LIGHTNING_STORE_URL=url)
+    for name in ("AGL_SERVER_HOST", "AGL_SERVER_PORT"):
+        env.pop(name, None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", "store", env=env, start_new_session=True
+    )
+    async with aiohttp.ClientSession() as http:
+        for _ in range(1200):
+            if process.returncode is not None:
+                raise AssertionError(f"agl-stream store exited with {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/v1/agl/health") as response:
+                    if response.status == 200:
+                        return process
+            await asyncio.sleep(0.1)
+    raise AssertionError("agl-stream store did not become healthy in 120 s")
+
+
+async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> int:
+    if process.returncode is None:
+        os.killpg(process.pid, sig)
+    return await asyncio.wait_for(process.wait(), 60)
+
+
+@dataclass
+class Served:
+    place: Place
+    url: str
+    process: asyncio.subprocess.Process
+
+
+@pytest.fixture(scope="module")
+async def served(embedded_backend: Backend) -> AsyncIterator[Served]:
+    """One server for the module (starting one imports Agent Lightning: seconds)."""
+    async with fresh_place(embedded_backend) as place:
+        url = f"http://127.0.0.1:{free_port()}"
+        server = Served(place, url, await start_server(place, url))
+        try:
+            yield server
+        finally:
+            await stop(server.process)
+
+
+def span(rollout_id: str, attempt_id: str, seq: int, trace_id: str = "ab" * 16) -> Span:
+    return Span(
+        rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=seq, trace_id=trace_id,
+        span_id=f"{seq:016x}", parent_id=None, name="reward", status=TraceStatus(status_code="OK"),
+        attributes={"agentlightning.reward.0.value": 0.75}, events=[], links=[],
+        start_time=1.0, end_time=2.0, context=None, parent=None,
+        resource=OtelResource(attributes={}, schema_url=""),
+    )  # fmt: skip
+
+
+async def test_agent_lightnings_client_runs_a_rollout_through_the_server(served: Served) -> None:
+    url = served.url
+    client = LightningStoreClient(url)
+    try:
+        resources = await client.add_resources({"llm": LLM(endpoint="http://x/v1", model="m")})
+        queued = await client.enqueue_rollout(input={"q": 1}, mode="train")
+        assert queued.resources_id == resources.resources_id
+        claimed = await client.dequeue_rollout(worker_id="http-runner")
+        assert claimed is not None and claimed.rollout_id == queued.rollout_id
+        assert claimed.status == "preparing" and claimed.attempt.worker_id == "http-runner"
+        rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
+        assert await client.get_next_span_sequence_id(rid, aid) == 1
+        assert await client.add_span(span(rid, aid, 2)) is not None
+        await client.update_attempt(rid, aid, status="succeeded")
+        done = await client.wait_for_rollouts(rollout_ids=[rid], timeout=0.1)
+        assert [r.status for r in done] == ["succeeded"]
+        spans = await client.query_spans(rid, attempt_id="latest")
+        assert [s.sequence_id for s in spans] == [2] and spans.total == 1
+        assert spans[0].attributes == {"agentlightning.reward.0.value": 0.75}
+        page = await client.query_rollouts(status_in=["succeeded"], rollout_id_in=[rid], limit=1)
+        assert page.total == 1 and page[0].rollout_id == rid
+        worker = await client.get_worker_by_id("http-runner")
+        assert worker is not None and worker.status == "idle"
+        stats = await client.statistics()
+        assert stats["name"] == "AglStreamStore" and stats["total_spans"] >= 1
+    finally:
+        await client.close()
+
+
+async def test_otlp_traces_reach_the_attempt(served: Served) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    url = served.url
+    client = LightningStoreClient(url)
+    try:
+        started = await client.start_rollout(input="otlp")
+        rid, aid = started.rollout_id, started.attempt.attempt_id
+        endpoint = otlp_endpoint({"AGENT_LIGHTNING_STORE_URL": url})
+        assert endpoint == f"{url}/v1/traces"
+        provider = TracerProvider(
+            resource=Resource.create(
+                {"agentlightning.rollout_id": rid, "agentlightning.attempt_id": aid}
+            )
+        )
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+
+        def export() -> None:
+            with provider.get_tracer("otlp-test").start_as_current_span(
+                "tool", attributes={"n": 3}
+            ):
+                pass
+            provider.shutdown()
+
+        await asyncio.to_thread(export)
+        spans = await client.query_spans(rid)
+        assert [(s.name, s.attributes.get("n"), s.sequence_id) for s in spans] == [("tool", 3, 1)]
+        assert (await client.get_rollout_by_id(rid)).status == "running"  # type: ignore[union-attr]
+    finally:
+        await client.close()
+
+
+async def test_bad_requests_get_a_4xx_with_the_reason(served: Served) -> None:
+    api = f"{served.url}/v1/agl"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{api}/rollouts/ro-missing", json={"status": "failed"}) as r:
+            assert r.status == 400 and "does not exist" in (await r.json())["detail"]
+        async with http.get(f"{api}/rollouts", params={"sort_by": "nope"}) as r:
+            assert r.status == 400 and "nope" in (await r.json())["detail"]
+        async with http.post(f"{api}/rollouts/search", json={"sort_by": "config"}) as r:
+            assert r.status == 400 and "cannot sort by 'config'" in (await r.json())["detail"]
+        async with http.post(f"{api}/rollouts", data=b"{not json") as r:
+            assert r.status == 422
+        started = await (await http.post(f"{api}/rollouts", json={"input": 1})).json()
+        bad = span(started["rollout_id"], started["attempt"]["attempt_id"], 1, "not-hex")
+        async with http.post(f"{api}/spans", json=bad.model_dump(mode="json")) as r:
+            assert r.status == 400 and "trace_id" in (await r.json())["detail"]
+
+
+async def test_a_killed_server_loses_nothing(served: Served) -> None:
+    client = LightningStoreClient(served.url, retry_delays=(), health_retry_delays=())
+    try:
+        await drain(client)
+        queued = [await client.enqueue_rollout(input=i) for i in range(3)]
+        ids = [r.rollout_id for r in queued]
+        claimed = await client.dequeue_rollout(worker_id="w")
+        assert claimed is not None and claimed.rollout_id == ids[0]
+        await client.add_span(span(claimed.rollout_id, claimed.attempt.attempt_id, 1))
+        assert await stop(served.process, signal.SIGKILL) == -signal.SIGKILL
+        await client.close()
+        served.process = await start_server(served.place, served.url)
+        client = LightningStoreClient(served.url)
+        rollouts = await client.query_rollouts(rollout_id_in=ids, sort_by="start_time")
+        assert [r.rollout_id for r in rollouts] == ids
+        assert [r.status for r in rollouts] == ["running", "queuing", "queuing"]
+        assert len(await client.query_spans(claimed.rollout_id)) == 1
+        following = await client.dequeue_rollout()
+        assert following is not None and following.rollout_id == ids[1]
+    finally:
+        await client.close()
+
+
+async def drain(client: LightningStoreClient) -> None:
+    while await client.dequeue_rollout() is not None:
+        pass
