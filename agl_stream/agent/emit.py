@@ -7,15 +7,51 @@ and `agl.reward.primary` its name; each named dimension is `agl.reward.<name>`.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.agent.spans import flatten
-from agl_stream.agent.tracing import tracer
+from agl_stream.agent.tracing import current_recorder, tracer
 from agl_stream.rewards import AGL_REWARD
+
+log = logging.getLogger(__name__)
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_warned_level = False
+
+
+def emitter_debug() -> bool:
+    """AGL_EMITTER_DEBUG, as Agent Lightning reads it: on, each emitted span is logged (at
+    DEBUG, with the attempt that records it or "no attempt"); unset, on when this module's
+    logger is at DEBUG. A value that is no boolean stops with ValueError naming it."""
+    global _warned_level
+    raw = os.environ.get("AGL_EMITTER_DEBUG")
+    if raw is None:
+        return log.isEnabledFor(logging.DEBUG)
+    value = raw.strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ValueError(f"AGL_EMITTER_DEBUG must be one of {sorted(_TRUE)} or {sorted(_FALSE)}")
+    on = value in _TRUE
+    if on and not log.isEnabledFor(logging.DEBUG) and not _warned_level:
+        _warned_level = True
+        log.warning("AGL_EMITTER_DEBUG is on but %s does not log at DEBUG: nothing shows", __name__)
+    return on
+
+
+def _debug(name: str, attributes: Mapping[str, Any]) -> None:
+    if emitter_debug():
+        recorder = current_recorder.get()
+        owner = (
+            "no attempt (the span is dropped)"
+            if recorder is None
+            else f"attempt {recorder.attempt_id} of {recorder.rollout_id}"
+        )
+        log.debug("emitted %s %s for %s", name, dict(attributes), owner)
+
 
 MESSAGE_SPAN = "agl.message"
 OBJECT_SPAN = "agl.object"
@@ -45,6 +81,7 @@ def emit_reward(value: float | Mapping[str, float], primary: str | None = None) 
     attributes: dict[str, Any] = {"agl.reward": main, "agl.reward.primary": primary}
     attributes.update({f"agl.reward.{k}": v for k, v in dimensions.items() if k != "reward"})
     # The attempt that records this span takes its value as its reward (AttemptRecorder).
+    _debug(AGL_REWARD, attributes)
     with tracer().start_as_current_span(AGL_REWARD, attributes=attributes):
         pass
     return main
@@ -52,23 +89,24 @@ def emit_reward(value: float | Mapping[str, float], primary: str | None = None) 
 
 def emit_message(message: str, **attributes: Any) -> None:
     """Record a free-text message."""
-    with tracer().start_as_current_span(
-        MESSAGE_SPAN, attributes={"agl.message": message, **flatten(attributes)}
-    ):
+    recorded = {"agl.message": message, **flatten(attributes)}
+    _debug(MESSAGE_SPAN, recorded)
+    with tracer().start_as_current_span(MESSAGE_SPAN, attributes=recorded):
         pass
 
 
 def emit_object(obj: Any, name: str = "object") -> None:
     """Record any JSON-serialisable object."""
     encoded = json.dumps(obj, default=str, sort_keys=True)
-    with tracer().start_as_current_span(
-        OBJECT_SPAN, attributes={"agl.object.name": name, "agl.object.json": encoded}
-    ):
+    recorded = {"agl.object.name": name, "agl.object.json": encoded}
+    _debug(OBJECT_SPAN, recorded)
+    with tracer().start_as_current_span(OBJECT_SPAN, attributes=recorded):
         pass
 
 
 def emit_exception(exc: BaseException) -> None:
     """Record an exception (with its traceback) without raising it."""
+    _debug(EXCEPTION_SPAN, {"exception": f"{type(exc).__name__}: {exc}"})
     with tracer().start_as_current_span(EXCEPTION_SPAN, record_exception=False) as span:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
@@ -76,5 +114,7 @@ def emit_exception(exc: BaseException) -> None:
 
 def emit_annotation(annotation: Mapping[str, Any]) -> None:
     """Record key/values (nested dicts become dotted keys)."""
-    with tracer().start_as_current_span(ANNOTATION_SPAN, attributes=flatten(annotation)):
+    recorded = flatten(annotation)
+    _debug(ANNOTATION_SPAN, recorded)
+    with tracer().start_as_current_span(ANNOTATION_SPAN, attributes=recorded):
         pass

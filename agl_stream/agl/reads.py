@@ -8,6 +8,7 @@ keep insertion order.
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,10 +87,12 @@ def sort_expression(model: type[BaseModel], name: str, column: str) -> str:
 
 def _field_kind(model: type[BaseModel], name: str) -> str:
     annotation = model.model_fields[name].annotation
-    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    if typing.get_origin(args[0]) is Literal or args[0] is str:
+    unions = (typing.Union, types.UnionType)
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in unions else ()
+    first = next((o for o in options if o is not type(None)), annotation)
+    if typing.get_origin(first) is Literal or first is str:
         return "text"
-    if args[0] in (int, float):
+    if first in (int, float):
         return "number"
     return "other"
 
