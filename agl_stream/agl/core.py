@@ -159,6 +159,10 @@ class Core:
                 restarting(lambda: projector.run(self._stop), "the store's projector"),
                 name="agl-store-projector",
             )
+        # What earlier stores committed, read before this one fences them: the last stable
+        # offsets (an open transaction of a killed store holds them at its first record, so
+        # what its abort leaves past them is not waited for).
+        ends = await self._stable_ends()
         self._producer = AIOKafkaProducer(
             acks="all",
             enable_idempotence=True,
@@ -168,15 +172,17 @@ class Core:
         )
         await started(self._producer)  # fences any earlier store on these topics
         self._publisher = EventPublisher(self._producer, self.topics)
-        await self._catch_up()
+        await self._catch_up(ends)
 
-    async def _catch_up(self) -> None:
-        """Before the first decision, the projection holds what earlier stores committed."""
+    async def _stable_ends(self) -> dict[TopicPartition, int]:
         parts = []
         for short in STORE_TOPICS:
             name = self.topics.name(short)
             parts += [TopicPartition(name, p) for p in range(self.topics.specs[short].partitions)]
-        ends = await end_offsets(self.kafka, parts)
+        return await end_offsets(self.kafka, parts)  # read_committed: the last stable offsets
+
+    async def _catch_up(self, ends: dict[TopicPartition, int]) -> None:
+        """Before the first decision, the projection holds what earlier stores committed."""
         wanted = {(tp.topic, tp.partition): end - 1 for tp, end in ends.items() if end > 0}
         if wanted and not await self.watch.offsets(wanted, CATCH_UP_SECONDS):
             log.warning(

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -67,6 +68,23 @@ from agl_stream.config import DatabaseSettings, KafkaSettings
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _RESOURCES = TypeAdapter(NamedResources)
+SEQUENCES_KEPT = 100_000
+
+
+class LastUsed(OrderedDict[str, int]):
+    """A dict that keeps its `size` most recently written keys."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 _WAIT_RECHECK_SECONDS = 10.0
 
 
@@ -122,8 +140,9 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         self._started: concurrent.futures.Future[Core] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        # Span sequence ids handed out, per rollout (the rollout record reserves ahead).
-        self._sequences: dict[str, int] = {}
+        # Span sequence ids handed out, per rollout (the rollout record reserves ahead), for
+        # the rollouts used last: one forgotten starts again past its reserved block.
+        self._sequences: LastUsed = LastUsed(SEQUENCES_KEPT)
 
     # ---- plumbing ------------------------------------------------------------------------
 

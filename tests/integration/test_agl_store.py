@@ -5,14 +5,20 @@ totals, the watchdog, read-your-writes, fencing and a restart that loses nothing
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from agl_stream.agl import AglStreamStore
-from agl_stream.agl.core import StoreFenced
+from agl_stream.agl.core import CATCH_UP_SECONDS, StoreFenced, transactional_id
+from agl_stream.codec import Codec
+from agl_stream.events import AglRecordKind, AglRecordRevised
 from tests.integration.agl_fixtures import Place, fresh_place, otel_span
 from tests.integration.backends import Backend
 
@@ -391,7 +397,7 @@ async def test_any_loop_and_thread_may_call(store: AglStreamStore) -> None:
 
 
 async def test_a_restarted_store_loses_nothing_and_a_second_fences_the_first(
-    embedded_backend: Backend,
+    embedded_backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with fresh_place(embedded_backend) as place:
         first = AglStreamStore(place.kafka, place.database)
@@ -402,9 +408,24 @@ async def test_a_restarted_store_loses_nothing_and_a_second_fences_the_first(
         await first.add_otel_span(a.rollout_id, a.attempt.attempt_id, otel_span(), sequence_id=2)
         res = await first.add_resources({"p": PromptTemplate(template="t", engine="jinja")})
         await first.aclose()
+        # A store killed inside a transaction: the next one aborts it and does not wait for
+        # the projection to pass what the abort left (it reads the stable offsets first).
+        killed = AIOKafkaProducer(
+            transactional_id=transactional_id(place.kafka), **place.kafka.client_options()
+        )
+        await killed.start()
+        await killed.begin_transaction()
+        await killed.send_and_wait(
+            place.kafka.topic_prefix + "rollouts", key=b"ro-ghost", value=Codec().encode(ghost())
+        )
 
+        caplog.set_level(logging.WARNING, logger="agl_stream.agl.core")
+        began = time.monotonic()
         second = AglStreamStore(place.kafka, place.database)
         try:
+            assert await second.get_rollout_by_id("ro-ghost") is None  # aborted
+            assert time.monotonic() - began < CATCH_UP_SECONDS
+            assert "had not reached" not in caplog.text
             assert await second.get_rollout_by_id(kept.rollout_id) == kept
             assert [s.sequence_id for s in await second.query_spans(a.rollout_id)] == [2]
             assert await second.get_latest_resources() == res
@@ -425,3 +446,13 @@ async def test_a_restarted_store_loses_nothing_and_a_second_fences_the_first(
                 await third.aclose()
         finally:
             await second.aclose()
+            with contextlib.suppress(Exception):  # fenced: its stop may complain
+                await killed.stop()
+
+
+def ghost() -> AglRecordRevised:
+    body = {"record": Rollout(rollout_id="ro-ghost", input=0, start_time=1.0).model_dump()}
+    return AglRecordRevised(
+        kind=AglRecordKind.ROLLOUT, partition_key="ro-ghost", record_id="ro-ghost",
+        rollout_id="ro-ghost", revision=1, created_at=datetime.now(UTC), body_json=json.dumps(body),
+    )  # fmt: skip
