@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 
 import click
 
 from agl_stream.cli.common import (
     AppContext,
     console,
+    fail,
     friendly_errors,
     listening_on,
     stop_on_signals,
 )
+
+
+def _check_free(host: str, port: int) -> None:
+    """OSError (in use, not this machine's address) when nothing could listen there."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As the server binds: connections of an earlier server waiting out TIME_WAIT on
+        # the port do not keep it; only a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def _address() -> tuple[str, int]:
@@ -55,6 +68,10 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
     host = host or default_host
     port = default_port if port is None else port
     kafka, database = app.kafka(), app.database()
+    # Before the store starts (it would fence a store already serving these topics), and
+    # because Agent Lightning's launcher only says that the server did not start in time.
+    with listening_on(f"{host}:{port}"):
+        _check_free(host, port)
 
     async def main() -> None:
         from agl_stream.agl import AglStreamStore
@@ -67,7 +84,10 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
             await facade.statistics()  # connects, fences an earlier store, catches up
             server = store_server(facade, host, port)
             with listening_on(f"{host}:{port}"):
-                await server.start()
+                try:
+                    await server.start()
+                except RuntimeError as exc:
+                    fail(f"cannot serve on {host}:{port}: {exc}")
             url = store_url(host, int(server.endpoint.rsplit(":", 1)[1]))
             console.print(
                 f"Agent Lightning store on {server.endpoint} "

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import pickle
+import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -213,3 +214,25 @@ def test_a_store_stays_in_the_process_that_made_it() -> None:
     store._pid = -1  # as in a forked child: AGL_MANAGED_STORE=0 handed it to a runner process
     with pytest.raises(RuntimeError, match="AGL_MANAGED_STORE"):
         store._ensure_loop()
+
+
+def test_a_taken_port_stops_agl_stream_store_before_its_store_starts() -> None:
+    """A second `agl-stream store` on a serving one's port would fence the serving store if
+    it started its own first; it must stop at the port. (Kafka is unreachable here: had the
+    store started first, the error would be about the brokers.)"""
+    from click.testing import CliRunner
+
+    from agl_stream.cli.main import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            cli,
+            ["--bootstrap-servers", "127.0.0.1:9", "store", "--port", str(port)],
+        )
+    assert result.exit_code == 1, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    bad = CliRunner().invoke(cli, ["store"], env={"AGL_SERVER_PORT": "http"})
+    assert bad.exit_code == 2 and "AGL_SERVER_PORT='http' is not a port number" in bad.output
