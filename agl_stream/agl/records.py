@@ -9,7 +9,6 @@ store may hand out for it without writing again).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -228,10 +227,6 @@ def unhealthy_status(
         if now - since > config.unresponsive_seconds:
             return "unresponsive"
     return None
-
-
-def now() -> float:
-    return time.time()
 
 
 def replace_reserved(record: RolloutRecord, reserved: int) -> RolloutRecord:
