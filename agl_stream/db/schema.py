@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     Uuid,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
@@ -226,3 +227,18 @@ Index("resources_version", resources.c.version.desc())
 Index("rewards_given", rewards.c.given_at)
 Index("rewards_name", rewards.c.name, rewards.c.given_at)
 Index("agl_records_created", agl_records.c.kind, agl_records.c.created_at)
+Index(
+    "agl_records_queue",
+    text("((body->>'queued_at')::double precision)"),
+    agl_records.c.created_at,
+    agl_records.c.record_id,
+    postgresql_where=text("kind = 'rollout' AND body->>'queued_at' IS NOT NULL"),
+)
+Index(
+    "agl_records_running",
+    text("(body->'record'->>'status')"),
+    agl_records.c.record_id,
+    postgresql_where=text(
+        "kind = 'rollout' AND (body->'record'->>'status') IN ('preparing', 'running')"
+    ),
+)

@@ -29,6 +29,22 @@ def upgrade() -> None:
         sa.Column("event_id", sa.Uuid, nullable=False),
     )
     op.create_index("agl_records_created", "agl_records", ["kind", "created_at"])
+    # The queue (dequeue's FIFO) and the running rollouts (the watchdog, before every call):
+    # small partial indexes, so neither reads every rollout the store ever had.
+    op.create_index(
+        "agl_records_queue",
+        "agl_records",
+        [sa.text("((body->>'queued_at')::double precision)"), "created_at", "record_id"],
+        postgresql_where=sa.text("kind = 'rollout' AND body->>'queued_at' IS NOT NULL"),
+    )
+    op.create_index(
+        "agl_records_running",
+        "agl_records",
+        [sa.text("(body->'record'->>'status')"), "record_id"],
+        postgresql_where=sa.text(
+            "kind = 'rollout' AND (body->'record'->>'status') IN ('preparing', 'running')"
+        ),
+    )
 
 
 def downgrade() -> None:
