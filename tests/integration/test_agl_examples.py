@@ -48,13 +48,14 @@ async def rules_llm() -> AsyncIterator[str]:
 
 
 async def test_agent_lightnings_trainer_runs_unchanged_and_its_records_outlive_it(
-    embedded_backend: Backend, rules_llm: str
+    embedded_backend: Backend, rules_llm: str, tmp_path: Path
 ) -> None:
     async with fresh_place(embedded_backend) as place:
         script = await asyncio.create_subprocess_exec(
             sys.executable, str(EXAMPLE / "train.py"), "--llm-endpoint", rules_llm,
             "--model", "rules", "--tasks", "4", "--runners", "2", "--template", TEMPLATE,
             env=child_environment(place.kafka, place.database), stdout=PIPE, stderr=STDOUT,
+            cwd=tmp_path,  # Agent Lightning's AgentOps tracer writes agentops.log where it runs
         )  # fmt: skip
         output, _ = await asyncio.wait_for(script.communicate(), 240)
         assert script.returncode == 0, output.decode()[-4000:]
