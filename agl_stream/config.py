@@ -262,8 +262,10 @@ FLAGS = {
     "device": "--device",
     "dtype": "--dtype",
     "threads": "--threads",
+    "redact_keys": "--redact-key",
+    "redact_patterns": "--redact-pattern",
 }
-SECRET_FIELDS = {"sasl_password", "ssl_password", "database_url"}
+SECRET_FIELDS = {"sasl_password", "ssl_password", "database_url", "api_token", "upstream_token"}
 
 
 def load(cls: type[S], **overrides: Any) -> S:

@@ -74,3 +74,11 @@ def held_echo(task: dict[str, Any], policy: Checkpoint, rollout: Rollout) -> flo
         f"<bos> {task['letter']}", max_new_tokens=ANSWER_WORDS, resources_id=rollout.resources_id
     )
     return score(task["letter"], answer.text)
+
+
+@rollout
+def leaky(task: dict[str, Any]) -> float:
+    """Puts an e-mail address and an API key in its spans (the runner's redaction removes
+    them before the spans leave it)."""
+    emit_message(f"mail {task['email']} with {task['key']}", api_key=task["key"], to=task["email"])
+    return 1.0

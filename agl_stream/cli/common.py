@@ -18,6 +18,7 @@ import click
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
 
+from agl_stream.auth import AuthSettings
 from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
 from agl_stream.embedded.process import StackError
 from agl_stream.metrics import MetricsError
@@ -45,6 +46,10 @@ class AppContext:
 
     def database(self) -> DatabaseSettings:
         return load(DatabaseSettings, database_url=self.database_url)
+
+    def auth(self) -> AuthSettings:
+        """The bearer tokens (environment only: a flag would show them in `ps`)."""
+        return load(AuthSettings)
 
 
 class PathType(click.Path):

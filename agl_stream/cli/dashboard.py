@@ -6,6 +6,7 @@ import asyncio
 
 import click
 
+from agl_stream.auth import MIN_TOKEN_LENGTH
 from agl_stream.cli.common import (
     AppContext,
     console,
@@ -21,10 +22,9 @@ from agl_stream.cli.common import (
 @click.option("--read-model", help="Which read model to show. [default: the active one]")
 @click.option(
     "--token",
-    envvar="AGL_STREAM_DASHBOARD_TOKEN",
     metavar="TOKEN",
-    help="Require this bearer token for the API and allow cancel and requeue with it "
-    "(env AGL_STREAM_DASHBOARD_TOKEN). [default: none: open and read-only]",
+    help="Require this bearer token for the API and allow cancel and requeue with it. "
+    "[default: AGL_STREAM_API_TOKEN; none: open and read-only]",
 )
 @click.pass_obj
 @friendly_errors
@@ -34,11 +34,17 @@ def dashboard(
     """Serve the dashboard: training runs with their reward curves, rollouts (filters, search
     by id, pages), a rollout's attempts and span waterfall with its LLM calls as chats,
     workers, resources versions and dead letters, updating live as the projector writes. Its
-    JSON API is described at /api/openapi.json. Read-only unless started with a token."""
+    JSON API is described at /api/openapi.json. Read-only unless it has a token: then the API
+    needs it as a bearer token, a browser signs in once at /login, and cancel and requeue are
+    allowed."""
     from agl_stream.dashboard.server import Dashboard
 
-    if token is not None and len(token) < 16:
-        raise click.BadParameter("use at least 16 characters", param_hint="--token")
+    if token is None:
+        token = app.auth().token  # AGL_STREAM_API_TOKEN, as every server of the process
+    elif len(token) < MIN_TOKEN_LENGTH:
+        raise click.BadParameter(
+            f"use at least {MIN_TOKEN_LENGTH} characters", param_hint="--token"
+        )
 
     async def main() -> None:
         stop = stop_on_signals()

@@ -87,7 +87,8 @@ def serve(
     By default it follows the resources topic: it serves the latest version's checkpoint
     (or the --pin'ned one), reloads when a new one is published, and says which version
     answered (`system_fingerprint` and the X-AGL-Resources-Id header). It runs the model
-    with torch on --device in --dtype, batching concurrent requests.
+    with torch on --device in --dtype, batching concurrent requests. With AGL_STREAM_API_TOKEN set,
+    every call but /health and /metrics needs it as a bearer token.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     from agl_stream.serving.server import PolicyServer
@@ -96,6 +97,8 @@ def serve(
 
     where = placement(device, dtype, threads)
     apply_threads(where, None)
+
+    token = app.auth().token
 
     async def main() -> None:
         stop = stop_on_signals()
@@ -110,7 +113,7 @@ def serve(
                 raise click.BadParameter(str(exc), param_hint="--model") from None
             server.load(Loaded(policy, f"model:{model_spec}"))
         with listening_on(f"{host}:{port}"):
-            url = await server.start(host, port)
+            url = await server.start(host, port, token)
         console.print(
             f"serving {served_model_name} on {url}/v1 ({where.describe()})", highlight=False
         )
@@ -224,6 +227,9 @@ def gateway(
     X-AGL-Session-End or when idle and is then trained on like any rollout; others are
     recorded under the rollout id `unattributed` (attempt: this process). POST /rewards
     takes rewards (with --reward-token).
+    With AGL_STREAM_API_TOKEN set, calls need it as a bearer token (POST /rewards has its own);
+    AGL_STREAM_UPSTREAM_TOKEN is the bearer token sent to the upstream (a `serve` that has a
+    token of its own).
     """
     from agl_stream.events import RolloutMode
     from agl_stream.gateway.proxy import Gateway
@@ -243,6 +249,7 @@ def gateway(
         header=session_header, prefix=session_prefix, idle_seconds=session_idle,
         mode=RolloutMode(session_mode),
     )  # fmt: skip
+    tokens = app.auth()
 
     async def main() -> None:
         stop = stop_on_signals()
@@ -250,7 +257,7 @@ def gateway(
         async with producer(kafka) as prod:
             proxy = Gateway(
                 base, EventPublisher(prod, Topics(kafka)), upstream_timeout, sessions,
-                reward_token,
+                reward_token, token=tokens.token, upstream_token=tokens.upstream,
             )  # fmt: skip
             with listening_on(f"{host}:{port}"):
                 url = await proxy.start(host, port)

@@ -13,10 +13,11 @@ from agl_stream.agent.process import ProcessAgent
 from agl_stream.cli.apo import apo_config, apo_options, run_apo
 from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_signals
 from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
-from agl_stream.config import current_role
+from agl_stream.config import current_role, load
 from agl_stream.gc_tuning import tune_for_throughput
 from agl_stream.metrics import serving_metrics
 from agl_stream.projection.projector import Projector, ProjectorConfig
+from agl_stream.redaction import RedactionSettings
 from agl_stream.runner.worker import Runner, RunnerConfig
 from agl_stream.telemetry.otlp import exporting
 
@@ -122,6 +123,21 @@ ROLES = ("runner", "projector", "trainer")
     help="Address the metrics endpoint listens on (0.0.0.0 for a Prometheus on another "
     "machine). [env: AGL_STREAM_METRICS_HOST]",
 )
+@click.option(
+    "--redact-key",
+    multiple=True,
+    metavar="GLOB",
+    help="Runner: replace the value of span attributes so named (case-insensitive glob, "
+    "repeatable), besides those of AGL_STREAM_REDACT_KEYS (default: names of secrets such as "
+    "*password*, *api_key*, *authorization*).",
+)
+@click.option(
+    "--redact-pattern",
+    multiple=True,
+    metavar="NAME|REGEX",
+    help="Runner: replace what this matches in span attribute values: email, api_key or a "
+    "regular expression (repeatable; besides AGL_STREAM_REDACT_PATTERNS, a JSON list).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the worker does.")
 @trainer_options
 @apo_options
@@ -146,6 +162,8 @@ def worker(
     gateway_port: int,
     metrics_port: int,
     metrics_host: str,
+    redact_key: tuple[str, ...],
+    redact_pattern: tuple[str, ...],
     verbose: bool,
     **trainer: Any,
 ) -> None:
@@ -203,11 +221,19 @@ def worker(
         run_trainer(app, config, metrics_host, metrics_port)
         return
     agent, agent_name = _runner_agent(agent_spec, agent_command, gateway)
+    tokens = app.auth()
+    configured = load(RedactionSettings)
+    redaction = load(
+        RedactionSettings,
+        redact_keys=[*configured.redact_keys, *redact_key],
+        redact_patterns=[*configured.redact_patterns, *redact_pattern],
+    ).rules()
     runner_config = RunnerConfig(
         agent=agent, concurrency=concurrency, group_id=group, shutdown_grace_seconds=grace,
         heartbeat_seconds=heartbeat, session_timeout_ms=session_timeout_ms,
         gateway=gateway, gateway_host=gateway_host, gateway_port=gateway_port,
-        linger_ms=linger_ms,
+        linger_ms=linger_ms, gateway_token=tokens.token, upstream_token=tokens.upstream,
+        redaction=redaction,
     )  # fmt: skip
     if worker_id:
         runner_config.worker_id = worker_id

@@ -1,29 +1,23 @@
-"""Who may read and act: with a token configured, every API call carries it (as a bearer
-token, or the session cookie that POST /api/session sets for the page's event stream) and a
-call without it is a 401; cancel and requeue are allowed only then, and only with the bearer
-header (a cookie alone never acts, so another site cannot make a browser act). Without a
-token the dashboard is read-only: the actions answer 403 and say how to enable them."""
+"""Cancel and requeue, allowed only when the dashboard has a token (agl_stream/auth.py checks
+it before any handler runs: a bearer header, or the cookie a browser got at /login). A call
+authenticated by the cookie alone must also carry the header X-AGL-Dashboard, which a page of
+another site cannot add without a CORS preflight this server never grants: a cookie alone
+never acts. Without a token the dashboard is read-only: the actions answer 403 and say how
+to enable them."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agl_stream.cancel import OPEN_STATUSES, cancel
-from agl_stream.dashboard.api import KAFKA, READ_MODEL, Handler, error
+from agl_stream import auth
+from agl_stream.dashboard.api import ACTIONS, KAFKA, READ_MODEL, error
 from agl_stream.requeue import RequeueError, requeue
 
-TOKEN = web.AppKey("token", str)
-COOKIE = "agl_dashboard"
-OPEN_PATHS = frozenset({"/api/session", "/api/openapi.json"})
 MAX_BODY = 64 * 1024
-
-
-class SessionRequest(BaseModel):
-    token: str = Field(min_length=1)
 
 
 class CancelRequest(BaseModel):
@@ -40,28 +34,6 @@ class ActionDone(BaseModel):
     rollout_id: str  # the rollout acted on
     action: str  # cancel | requeue
     requeued_as: str | None = None  # requeue: the id of the new rollout
-
-
-def _presented(request: web.Request, cookie: bool) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer ") :]
-    return request.cookies.get(COOKIE) if cookie else None
-
-
-def _matches(presented: str | None, token: str) -> bool:
-    return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
-
-
-@web.middleware
-async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    token = request.app.get(TOKEN)
-    guarded = request.path.startswith("/api/") and request.path not in OPEN_PATHS
-    if token and guarded and not _matches(_presented(request, request.method == "GET"), token):
-        response = error(401, "this dashboard needs its token: Authorization: Bearer TOKEN")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="agl-stream dashboard"'
-        return response
-    return await handler(request)
 
 
 async def _body(request: web.Request, model: type[BaseModel]) -> Any:
@@ -83,30 +55,18 @@ class _Refused(Exception):
         self.status = status
 
 
+ACTION_HEADER = "X-AGL-Dashboard"
+
+
 def _acting(request: web.Request) -> None:
-    if not request.app.get(TOKEN):
+    if not request.app[ACTIONS]:
         raise _Refused(
             403,
-            "the dashboard is read-only: start it with --token (or AGL_STREAM_DASHBOARD_TOKEN) "
+            "the dashboard is read-only: start it with --token (or AGL_STREAM_API_TOKEN) "
             "to allow cancel and requeue",
         )
-
-
-async def session(request: web.Request) -> web.Response:
-    """POST /api/session {"token": ...}: the page's login; sets the cookie its event stream
-    sends (an EventSource cannot send a header)."""
-    try:
-        token = request.app.get(TOKEN)
-        if not token:
-            raise _Refused(400, "this dashboard has no token: it is open and read-only")
-        body: SessionRequest = await _body(request, SessionRequest)
-        if not _matches(body.token, token):
-            raise _Refused(401, "wrong token")
-    except _Refused as exc:
-        return error(exc.status, str(exc))
-    response = web.json_response({"ok": True})
-    response.set_cookie(COOKIE, body.token, httponly=True, samesite="Strict", path="/api/")
-    return response
+    if auth.bearer(request) is None and ACTION_HEADER not in request.headers:
+        raise _Refused(403, f"an action signed in by cookie needs the {ACTION_HEADER} header")
 
 
 async def cancel_rollout(request: web.Request) -> web.Response:

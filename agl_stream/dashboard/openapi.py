@@ -29,8 +29,16 @@ class Overview(BaseModel):
     actions: bool  # cancel and requeue allowed (a token is configured)
 
 
-class SessionDone(BaseModel):
-    ok: bool
+class AuthProblem(BaseModel):
+    message: str
+    type: str
+    code: int
+
+
+class AuthErrorBody(BaseModel):
+    """What agl_stream/auth.py answers a call without the token (401)."""
+
+    error: AuthProblem
 
 
 class ErrorBody(BaseModel):
@@ -55,7 +63,6 @@ class Route:
     params: list[Param] = field(default_factory=list)
     method: str = "get"
     body: type[BaseModel] | None = None  # a JSON request body
-    body_required: bool = False  # else an empty body reads as {}
     ok: int = 200
     errors: dict[int, str] = field(
         default_factory=lambda: {400: "A bad parameter; the error names it", 404: "Not found"}
@@ -158,8 +165,7 @@ ROUTES = [
         ok=202,
         errors={
             400: "A bad body",
-            401: "No token or a wrong one",
-            403: "The dashboard is read-only",
+            403: "The dashboard is read-only, or a cookie came without X-AGL-Dashboard",
             404: "No such rollout",
             409: "The rollout is finished already",
         },
@@ -173,21 +179,11 @@ ROUTES = [
         method="post",
         ok=202,
         errors={
-            401: "No token or a wrong one",
-            403: "The dashboard is read-only",
+            400: "A bad body",
+            403: "The dashboard is read-only, or a cookie came without X-AGL-Dashboard",
             404: "No such rollout",
             409: "The rollout has not finished",
         },
-    ),
-    Route(
-        "/api/session",
-        actions.session,
-        "Log the page in: sets the cookie its event stream sends",
-        SessionDone,
-        method="post",
-        body=actions.SessionRequest,
-        body_required=True,
-        errors={400: "No token is configured, or a bad body", 401: "Wrong token"},
     ),
 ]
 
@@ -196,10 +192,15 @@ def document() -> dict[str, Any]:
     out: Literal["serialization"] = "serialization"
     into: Literal["validation"] = "validation"
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(r.response, out) for r in ROUTES]
-    models += [(ErrorBody, out)] + [(r.body, into) for r in ROUTES if r.body is not None]
+    models += [(ErrorBody, out), (AuthErrorBody, out)]
+    models += [(r.body, into) for r in ROUTES if r.body is not None]
     refs, schemas = models_json_schema(models, ref_template="#/components/schemas/{model}")
     paths: dict[str, Any] = {}
     error = {"content": {"application/json": {"schema": refs[(ErrorBody, "serialization")]}}}
+    unauthenticated = {
+        "description": "The dashboard has a token and the call did not carry it",
+        "content": {"application/json": {"schema": refs[(AuthErrorBody, "serialization")]}},
+    }
     for route in ROUTES:
         answer = refs[(route.response, "serialization")]
         if route.many:
@@ -213,6 +214,7 @@ def document() -> dict[str, Any]:
         responses |= {
             str(code): {"description": text, **error} for code, text in route.errors.items()
         }
+        responses["401"] = unauthenticated
         operation: dict[str, Any] = {
             "summary": route.summary,
             "parameters": [_parameter(p) for p in route.params],
@@ -221,7 +223,7 @@ def document() -> dict[str, Any]:
         if route.body is not None:
             schema = refs[(route.body, "validation")]
             operation["requestBody"] = {
-                "required": route.body_required,
+                "required": False,  # an empty body reads as {}
                 "content": {"application/json": {"schema": schema}},
             }
         paths.setdefault(route.path, {})[route.method] = operation

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agl_stream import auth
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.live import Changes
@@ -20,14 +21,14 @@ STATIC = Path(__file__).parent / "static"
 def make_app(
     model: ReadModel, changes: Changes, kafka: KafkaSettings, token: str | None
 ) -> web.Application:
-    app = web.Application(
-        middlewares=[actions.authenticate, api.errors], client_max_size=actions.MAX_BODY
-    )
+    app = web.Application(middlewares=[api.errors], client_max_size=actions.MAX_BODY)
+    # With a token: the API needs it as a bearer token; a browser signs in at /login once
+    # (its cookie then reaches the API and the event stream). The description stays open.
+    auth.protect(app, token, open_paths=auth.OPEN_PATHS | {"/api/openapi.json"}, login=True)
+    auth.add_login(app, token)
     app[api.READ_MODEL] = model
     app[api.KAFKA] = kafka
     app[api.ACTIONS] = bool(token)
-    if token:
-        app[actions.TOKEN] = token
     for route in ROUTES:
         app.router.add_route(route.method.upper(), route.path, route.handler)
     spec = document()

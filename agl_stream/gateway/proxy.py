@@ -20,6 +20,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
+from agl_stream import auth
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
 from agl_stream.codec import Codec
@@ -55,6 +56,7 @@ from agl_stream.gateway.wire import (
     read_chunk,
 )
 from agl_stream.metrics import WorkerMetrics
+from agl_stream.redaction import NO_REDACTION, Redaction
 from agl_stream.runner.lane import MAX_RECORD_BYTES
 from agl_stream.streams import EventPublisher
 from agl_stream.supervision import restarting
@@ -81,8 +83,17 @@ class Gateway:
         upstream_timeout: float = 600.0,
         sessions: SessionConfig | None = None,
         reward_token: str | None = None,
+        token: str | None = None,
+        upstream_token: str | None = None,
+        redaction: Redaction = NO_REDACTION,
     ) -> None:
         self.default_upstream = default_upstream
+        # With a token, calls off an attempt's URL need it (an attempt's URL is a capability
+        # of its own, keyed for process agents); upstream_token goes to the upstream instead
+        # of what the caller sent, and the gateway's own token never goes on.
+        self.token = token
+        self.upstream_token = upstream_token
+        self.redaction = redaction  # of the calls without an attempt (the call log)
         self.publisher = publisher
         self.upstream_timeout = upstream_timeout
         # Calls with a session key become rollouts (gateway/sessions.py); needs a publisher.
@@ -151,6 +162,7 @@ class Gateway:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         Tracing.install()
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        auth.protect(app, self.token, allow=_on_attempt_url)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
         if self.rewards is not None:
@@ -218,6 +230,7 @@ class Gateway:
 
     async def _send_span(self, event: SpanRecorded) -> asyncio.Future[Any]:
         assert self.publisher is not None
+        event = self.redaction.span(event)
         try:
             return await self.publisher.send("spans", event)
         except MessageSizeTooLargeError:
@@ -267,6 +280,20 @@ class Gateway:
                 route.calls.discard(task)
 
     # -- one call ---------------------------------------------------------------------------
+
+    def _headers(self, request: web.Request, route: AttemptRoute | None) -> dict[str, str]:
+        forwarded: tuple[str, ...] = FORWARDED_HEADERS
+        keyed = route is not None and route.key is not None  # the attempt's key stays here
+        own = self.token is not None and auth.bearer(request) == self.token
+        if keyed or own or self.upstream_token is not None:
+            forwarded = tuple(name for name in forwarded if name != "Authorization")
+        headers = {name: request.headers[name] for name in forwarded if name in request.headers}
+        if self.upstream_token is not None:
+            headers["Authorization"] = f"Bearer {self.upstream_token}"
+        if route is not None and route.resources_id is not None:
+            # The version the attempt runs on: a policy server catches up to it first.
+            headers[RESOURCES_HEADER] = route.resources_id
+        return headers
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -418,7 +445,7 @@ class Gateway:
         return self._session.post(
             url,
             json=prepare_request(recorded.record.kind, body),
-            headers=_headers(request, recorded.route),
+            headers=self._headers(request, recorded.route),
         )
 
     async def _pass_through(
@@ -431,7 +458,7 @@ class Gateway:
                 request.method,
                 url,
                 data=await request.read(),
-                headers=_headers(request, route),
+                headers=self._headers(request, route),
             ) as upstream:
                 raw = await upstream.read()
                 return web.Response(
@@ -484,15 +511,8 @@ class _Recorded:
             current_recorder.reset(token)
 
 
-def _headers(request: web.Request, route: AttemptRoute | None) -> dict[str, str]:
-    forwarded: tuple[str, ...] = FORWARDED_HEADERS
-    if route is not None and route.key is not None:  # the attempt's key stays here
-        forwarded = tuple(name for name in forwarded if name != "Authorization")
-    headers = {name: request.headers[name] for name in forwarded if name in request.headers}
-    if route is not None and route.resources_id is not None:
-        # The version the attempt runs on: a policy server catches up to it before answering.
-        headers[RESOURCES_HEADER] = route.resources_id
-    return headers
+def _on_attempt_url(request: web.Request) -> bool:
+    return request.path.startswith("/rollouts/")
 
 
 def _refused_key(request: web.Request, route: AttemptRoute) -> web.Response | None:

@@ -23,6 +23,7 @@ from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.routes import attempt_event_url
+from agl_stream.redaction import NO_REDACTION, Redaction
 from agl_stream.runner.lane import EventTooLarge
 from agl_stream.streams import Sender
 
@@ -75,6 +76,7 @@ async def execute(
     handle: AttemptHandle,
     flush_seconds: float = 0.2,
     gateway: Gateway | None = None,
+    redaction: Redaction = NO_REDACTION,
 ) -> Outcome:
     recorder = AttemptRecorder(task.rollout_id, rollout.attempt_id)
     route = None
@@ -88,7 +90,8 @@ async def execute(
 
     async def pump() -> None:
         spans = recorder.take(len(sent))
-        for span in spans:
+        for recorded in spans:
+            span = redaction.span(recorded)  # before it leaves the process
             try:
                 sent.append(await publisher.send("spans", span))
             except EventTooLarge as exc:  # e.g. an LLM call with a huge context

@@ -55,6 +55,7 @@ from agl_stream.events import (
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
 from agl_stream.metrics import WorkerMetrics
+from agl_stream.redaction import Redaction
 from agl_stream.resources import ResourceCache, follow_resources
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.cancel_watch import CancelWatch
@@ -109,6 +110,12 @@ class RunnerConfig:
     gateway: bool = True
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 0
+    # Bearer tokens of the gateway: what calls off an attempt's URL must carry, and what it
+    # sends to the upstreams (agl_stream/auth.py).
+    gateway_token: str | None = None
+    upstream_token: str | None = None
+    # Applied to every span before it leaves this process (agl_stream/redaction.py).
+    redaction: Redaction = field(default_factory=Redaction.of)
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,12 @@ class Runner:
             self._producer = prod
             self._publisher = EventPublisher(prod, self.topics)
             if self.config.gateway:
-                self.gateway = Gateway(publisher=self._publisher)
+                self.gateway = Gateway(
+                    publisher=self._publisher,
+                    token=self.config.gateway_token,
+                    upstream_token=self.config.upstream_token,
+                    redaction=self.config.redaction,
+                )
                 await self.gateway.start(self.config.gateway_host, self.config.gateway_port)
             await self._heartbeat(WorkerStatus.STARTING)
             # A follower or heartbeat that fails is logged and started again; one that ends
@@ -490,7 +502,7 @@ class Runner:
             with tracer.span("runner.agent", root) as agent:
                 outcome = await execute(
                     self.config.agent, task, rollout, resources, lane, handle,
-                    gateway=self.gateway,
+                    gateway=self.gateway, redaction=self.config.redaction,
                 )  # fmt: skip
                 agent.set_attribute("agl.span_count", outcome.span_count)
         root.set_attribute("agl.attempt.status", outcome.status.value)

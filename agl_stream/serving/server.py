@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
+from agl_stream import auth
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
@@ -155,8 +156,10 @@ class PolicyServer:
             return False  # a version that changed other resources: the policy is the same
         return current is None or target.version > current.version
 
-    async def start(self, host: str, port: int) -> str:
+    async def start(self, host: str, port: int, token: str | None = None) -> str:
+        """Listen on host:port; with a `token`, every call but /health and /metrics needs it."""
         app = web.Application()
+        auth.protect(app, token)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)

@@ -19,39 +19,24 @@ const el = (tag, attrs = {}, ...children) => {
 
 class Unauthorized extends Error {}
 
-const token = () => sessionStorage.getItem("agl-token");
-const authHeaders = () => (token() ? { Authorization: `Bearer ${token()}` } : {});
-
+// With a token the server answers 401 until the browser has signed in at /login (its cookie
+// then goes with every call, the event stream's too); actions add X-AGL-Dashboard, which
+// another site's page cannot send.
 async function api(path, params, method = "GET", body = undefined) {
   const url = new URL(path, location.origin);
   for (const [key, value] of Object.entries(params || {})) {
     for (const item of [].concat(value)) if (item !== "" && item !== undefined && item !== null) url.searchParams.append(key, item);
   }
-  const headers = { ...authHeaders(), ...(body === undefined ? {} : { "Content-Type": "application/json" }) };
+  const headers = method === "GET" ? {} : { "Content-Type": "application/json", "X-AGL-Dashboard": "1" };
   const response = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   const answer = await response.json();
-  if (response.status === 401) throw new Unauthorized(answer.error || "this dashboard needs its token");
-  if (!response.ok) throw new Error(answer.error || response.statusText);
+  if (response.status === 401) throw new Unauthorized("this dashboard needs its token");
+  if (!response.ok) throw new Error(typeof answer.error === "string" ? answer.error : response.statusText);
   return answer;
 }
 
-function loginView(message) {
-  const submit = async (event) => {
-    event.preventDefault();
-    const value = new FormData(event.target).get("token");
-    try {
-      await api("/api/session", {}, "POST", { token: value });
-      sessionStorage.setItem("agl-token", value);
-      live();
-      render();
-    } catch (error) {
-      event.target.querySelector(".error").textContent = error.message;
-    }
-  };
-  return [el("h2", {}, "Token needed"), el("p", { class: "muted" }, message),
-    el("form", { class: "login", onsubmit: submit },
-      el("label", {}, "token", el("input", { name: "token", type: "password", autocomplete: "current-password" })),
-      el("button", { type: "submit" }, "Open"), el("p", { class: "error" }))];
+function signInView() {
+  return [el("h2", {}, "Token needed"), el("p", {}, "This dashboard has a token: ", el("a", { href: "/login" }, "sign in"), " once.")];
 }
 
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
@@ -137,7 +122,7 @@ function filtersForm() {
 }
 
 async function byId(rolloutId) {  // a search by id: that rollout, or none
-  const response = await fetch(`/api/rollouts/${encodeURIComponent(rolloutId)}`, { headers: authHeaders() });
+  const response = await fetch(`/api/rollouts/${encodeURIComponent(rolloutId)}`);
   if (response.status === 404) return { items: [], next_cursor: null };
   if (response.status === 401) throw new Unauthorized("this dashboard needs its token");
   const body = await response.json();
@@ -337,7 +322,7 @@ function render(fromLive = false) {
       if (!keep) view.replaceChildren(...[content].flat(Infinity).filter((x) => x !== null && x !== undefined));
       view.dataset.rendered = String(Number(view.dataset.rendered || 0) + 1);
     } catch (error) {
-      view.replaceChildren(...[error instanceof Unauthorized ? loginView(error.message) : el("p", { class: "error" }, error.message)].flat());
+      view.replaceChildren(...[error instanceof Unauthorized ? signInView() : el("p", { class: "error" }, error.message)].flat());
     }
     await overview();
   });
