@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -10,12 +11,89 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+)
 
 from agl_stream.config import KafkaSettings
+from agl_stream.supervision import Unrecoverable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class KafkaCredentialsRefused(KafkaError, Unrecoverable):  # type: ignore[misc]
+    """The cluster refused this client's SASL credentials: trying again cannot help, so the
+    process stops with the sentence instead of reconnecting in a loop."""
+
+    retriable = False
+
+    def __str__(self) -> str:  # the sentence alone, without KafkaError's class-name prefix
+        return str(self.args[0]) if self.args else type(self).__name__
+
+
+async def refused_credentials(settings: KafkaSettings) -> KafkaCredentialsRefused | None:
+    """Why a client could not bootstrap, when the reason is its credentials: aiokafka's
+    bootstrap turns every failure into "Unable to bootstrap", so one connection to the first
+    broker that answers asks again, and says what the broker said."""
+    if settings.sasl_mechanism is None:
+        return None
+    options = settings.client_options()
+    for server in settings.bootstrap_servers.split(","):
+        host, _, port = server.rpartition(":")
+        try:
+            conn = await create_conn(
+                host.strip("[]"), int(port), client_id=settings.client_id,
+                request_timeout_ms=settings.request_timeout_ms,
+                ssl_context=options.get("ssl_context"),
+                security_protocol=settings.security_protocol,
+                sasl_mechanism=settings.sasl_mechanism,
+                sasl_plain_username=settings.sasl_username,
+                sasl_plain_password=options.get("sasl_plain_password"),
+            )  # fmt: skip
+        except (SaslAuthenticationFailed, AuthenticationFailedError) as exc:
+            said = str(exc.args[0] if exc.args else "").strip().rstrip(".")
+            said = said or type(exc).__name__
+            return KafkaCredentialsRefused(
+                f"Kafka at {server} refused the {settings.sasl_mechanism} credentials of user "
+                f"{settings.sasl_username!r} ({said}); check AGL_STREAM_SASL_USERNAME and "
+                "AGL_STREAM_SASL_PASSWORD"
+            )
+        except (TimeoutError, OSError, KafkaError):
+            continue  # not this one's credentials problem: try the next broker
+        conn.close()
+        return None
+    return None
+
+
+# Credentials checked by this process (a hash of servers, user and password): the first client
+# of each asks once before it starts, so refused credentials end the process with one sentence
+# before aiokafka's bootstrap logs its own errors and a worker's loops try again.
+_accepted: set[str] = set()
+
+
+async def _start(client: Any, settings: KafkaSettings) -> None:
+    if settings.sasl_mechanism is not None:
+        secret = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+        key = hashlib.sha256(
+            f"{settings.bootstrap_servers}\0{settings.sasl_username}\0{secret}".encode()
+        ).hexdigest()
+        if key not in _accepted:
+            refused = await refused_credentials(settings)
+            if refused is not None:
+                raise refused
+            _accepted.add(key)
+    try:
+        await client.start()
+    except KafkaConnectionError:
+        refused = await refused_credentials(settings)  # changed meanwhile (a rotated secret)
+        if refused is not None:
+            raise refused from None
+        raise
 
 
 @asynccontextmanager
@@ -24,7 +102,7 @@ async def admin_client(settings: KafkaSettings) -> AsyncIterator[AIOKafkaAdminCl
     options.pop("client_id")
     admin = AIOKafkaAdminClient(client_id=f"{settings.client_id}-admin", **options)
     try:
-        await admin.start()
+        await _start(admin, settings)
     except BaseException:
         await admin.close()
         raise
@@ -34,10 +112,16 @@ async def admin_client(settings: KafkaSettings) -> AsyncIterator[AIOKafkaAdminCl
         await admin.close()
 
 
-async def started(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
-    """Start a client; one that fails to start (no broker) is stopped, not left open."""
+async def started(
+    client: AIOKafkaProducer | AIOKafkaConsumer, settings: KafkaSettings | None = None
+) -> None:
+    """Start a client; one that fails to start (no broker) is stopped, not left open. With
+    the settings, refused credentials are told apart from an unreachable cluster."""
     try:
-        await client.start()
+        if settings is not None:
+            await _start(client, settings)
+        else:
+            await client.start()
     except BaseException:
         await client.stop()
         raise
@@ -49,7 +133,7 @@ async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKa
     client = AIOKafkaProducer(
         acks="all", enable_idempotence=True, **{**settings.client_options(), **extra}
     )
-    await started(client)
+    await started(client, settings)
     try:
         yield client
     finally:
@@ -68,7 +152,7 @@ async def consumer(
         "isolation_level": "read_committed",
     }
     client = AIOKafkaConsumer(*topics, **{**settings.client_options(), **defaults, **extra})
-    await started(client)
+    await started(client, settings)
     try:
         yield client
     finally:

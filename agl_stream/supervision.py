@@ -26,6 +26,11 @@ class BackgroundTaskFailed(RuntimeError):
     """A background task the worker cannot go on without has ended."""
 
 
+class Unrecoverable(Exception):
+    """An error that trying again cannot mend (refused credentials): `restarting` passes it
+    on instead of retrying, so the worker stops with its reason."""
+
+
 async def restarting(
     work: Callable[[], Awaitable[T]], what: str, first: float = 0.5, cap: float = 30.0
 ) -> T:
@@ -37,6 +42,8 @@ async def restarting(
         began = loop.time()
         try:
             return await work()
+        except Unrecoverable:
+            raise
         except Exception as exc:  # noqa: BLE001 - logged with its reason, then retried
             log.warning("%s failed (%r); starting it again in %.1f s", what, exc, delay)
         if loop.time() - began > HEALTHY_SECONDS:

@@ -21,6 +21,7 @@ from rich.console import Console
 from agl_stream.auth import AuthSettings
 from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
 from agl_stream.embedded.process import StackError
+from agl_stream.kafka import KafkaCredentialsRefused
 from agl_stream.metrics import MetricsError
 from agl_stream.queries.params import NotFound, QueryError
 from agl_stream.topic_admin import TopicsNotReady
@@ -96,6 +97,8 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         except TimeoutError as exc:
             fail(str(exc) or "timed out")
         except (StackError, TopicsNotReady, TopicSpecError, MetricsError) as exc:
+            fail(str(exc))
+        except KafkaCredentialsRefused as exc:
             fail(str(exc))
         except KafkaConnectionError as exc:
             fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")

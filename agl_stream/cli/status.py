@@ -34,20 +34,25 @@ def status(app: AppContext, as_json: bool) -> None:
     """
     kafka, database = app.kafka(), app.database()
     report = run(collect(kafka, database, embedded_broker(kafka)))
+    shown = kafka.describe()  # never a password
+    security = ", ".join(v for k, v in shown.items() if k in ("security protocol", "sasl"))
     if as_json:
         payload = asdict(report)
         payload["database_url"] = database.display_url()
+        payload["security"] = security
         click.echo(json.dumps(payload, indent=2))
     else:
-        _render(report, database.display_url())
+        _render(report, database.display_url(), security)
     if not report.healthy:
         raise SystemExit(1)
 
 
-def _render(report: StatusReport, database_url: str) -> None:
+def _render(report: StatusReport, database_url: str, security: str = "PLAINTEXT") -> None:
     ok, bad = "[green]ok[/]", "[red]unreachable[/]"
     summary = Table(show_header=False, title="agl-stream status", title_justify="left")
     summary.add_row("broker", report.bootstrap_servers, ok if report.broker_reachable else bad)
+    if security != "PLAINTEXT":
+        summary.add_row("", security, "")
     if report.broker:
         summary.add_row("", report.broker, "")
     if report.database is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from agl_stream.config import StackSettings
 from agl_stream.embedded import kafka_dist, kafka_node, postgres
-from agl_stream.embedded.kafka_node import KafkaNode
+from agl_stream.embedded.kafka_node import BrokerSecurity, KafkaNode
 from agl_stream.embedded.process import StackError, alive, pick_port, port_free, port_open
 
 STATE_FILE = "stack.json"
@@ -85,9 +85,10 @@ class StackState:
 
 
 class EmbeddedStack:
-    def __init__(self, settings: StackSettings) -> None:
+    def __init__(self, settings: StackSettings, security: BrokerSecurity | None = None) -> None:
         self.settings = settings
         self.home = settings.home
+        self.security = security  # SASL/SCRAM over TLS (a test's; `up` runs plaintext)
 
     @property
     def state_path(self) -> Path:
@@ -170,15 +171,20 @@ class EmbeddedStack:
                         f"that holds it), or remove {self.home} to start over without its data"
                     )
         for node in cluster:
-            kafka_node.write_config(node, cluster, self.home)
-        kafka_node.format_storage(cluster, self.home, cluster_id)
+            kafka_node.write_config(node, cluster, self.home, self.security)
+        kafka_node.format_storage(cluster, self.home, cluster_id, self.security)
         pids = {n.node_id: n.pid for n in nodes if n.pid}
         for stopped in to_start:
             pid = kafka_node.start(stopped.node, self.home)
             pids[stopped.node_id] = pid
             undo.append(lambda pid=pid: kafka_node.stop_node(pid))  # type: ignore[misc]
         nodes = [replace(n, pid=pids[n.node_id]) for n in nodes]
-        kafka_node.wait_ready({n.node_id: pids[n.node_id] or 0 for n in nodes}, cluster, self.home)
+        kafka_node.wait_ready(
+            {n.node_id: pids[n.node_id] or 0 for n in nodes},
+            cluster,
+            self.home,
+            secured=self.security is not None,
+        )
         if postgres.running(self.home) and previous is not None:
             postgres_port = previous.postgres_port
         else:
