@@ -30,8 +30,10 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--algorithm", type=click.Choice(ALGORITHMS), default="grpo",
                      show_default=True, help="The training algorithm (trainer)."),
-        click.option("--checkpoint-dir", metavar="PATH|file://URI",
-                     help="Where the trainer writes checkpoints and resumes from."),
+        click.option("--checkpoint-dir", metavar="PATH|file://URI|s3://BUCKET/PREFIX",
+                     help="Where the trainer writes checkpoints and resumes from (s3://: an "
+                     "S3-compatible store, boto3's AWS_* settings; pip install "
+                     "'agl-stream[s3]')."),
         click.option("--init-model", default="tiny", show_default=True,
                      help="The policy of a fresh run: 'tiny' (random, CPU) or a checkpoint path."),
         click.option("--run-name",
@@ -279,7 +281,7 @@ def retrain_command(
 
 
 @click.command("checkpoints")
-@click.option("--checkpoint-dir", required=True, metavar="PATH|file://URI")
+@click.option("--checkpoint-dir", required=True, metavar="PATH|file://URI|s3://BUCKET/PREFIX")
 @click.option("--json", "as_json", is_flag=True, help="Print trainer.json of every step.")
 @friendly_errors
 def checkpoints_command(checkpoint_dir: str, as_json: bool) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from agl_stream.training import object_store
+
 STATE_FILE = "trainer.json"
 OPTIMIZER_FILE = "optimizer.pt"
 BASE_DIR = "base"
@@ -30,36 +32,58 @@ _LEFTOVERS = ("*.partial-*", "*.pruned-*")
 
 
 def checkpoint_root(location: str) -> Path:
-    """A local path or a file:// URI (other schemes need a filesystem this release lacks)."""
+    """A local path or a file:// URI; for s3:// (object_store.py), this machine's cache."""
     parsed = urlparse(location)
     if parsed.scheme == "file":  # Path.as_uri() percent-encodes (a space is %20)
         return Path(url2pathname(parsed.path)).expanduser().resolve()
     if parsed.scheme == "":
         return Path(location).expanduser().resolve()
+    if object_store.is_remote(location):
+        return object_store.cache_dir(location)
     raise ValueError(
-        f"checkpoint location {location!r}: only local paths and file:// URIs are supported"
+        f"checkpoint location {location!r}: local paths, file:// and s3:// URIs are supported"
     )
 
 
+def local_directory(uri: str) -> Path:
+    """A checkpoint's directory on this machine (an object store's is downloaded once)."""
+    return object_store.local_copy(uri) if object_store.is_remote(uri) else checkpoint_root(uri)
+
+
 class CheckpointStore:
+    """Steps in a local directory or, with `remote`, in an object store (each written in a
+    local cache first, then uploaded, its trainer.json last)."""
+
     def __init__(self, location: str) -> None:
         self.root = checkpoint_root(location)
+        self.remote = object_store.storage(location) if object_store.is_remote(location) else None
 
     def step_dir(self, step: int) -> Path:
+        """The step's local directory (with an object store: where it is cached)."""
         return self.root / f"step-{step:06d}"
+
+    def uri(self, step: int) -> str:
+        """What a published checkpoint of the step points at."""
+        name = self.step_dir(step).name
+        return self.remote.uri(name) if self.remote else self.step_dir(step).as_uri()
 
     def step_of(self, uri: str) -> int | None:
         """The step whose directory `uri` names, if it is one of this store's."""
-        try:
-            path = checkpoint_root(uri)
-        except ValueError:
-            return None
-        if path.parent != self.root or not path.name.startswith("step-"):
-            return None
-        number = path.name.removeprefix("step-")
-        return int(number) if number.isdigit() else None
+        if self.remote is not None:
+            name = self.remote.name_of(uri)
+        else:
+            try:
+                path = checkpoint_root(uri)
+            except ValueError:
+                return None
+            name = path.name if path.parent == self.root else None
+        match = _STEP_DIR.match(name or "")
+        return int(match.group(1)) if match else None
 
     def steps(self) -> list[int]:
+        if self.remote is not None:
+            names = self.remote.names(STATE_FILE)
+            return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.match(n)))
         if not self.root.is_dir():
             return []
         found = []
@@ -70,8 +94,13 @@ class CheckpointStore:
         return sorted(found)
 
     def latest(self) -> Path | None:
+        """The latest step's local directory (downloaded first when it is only remote)."""
         steps = self.steps()
-        return self.step_dir(steps[-1]) if steps else None
+        if not steps:
+            return None
+        if self.remote is not None:
+            return local_directory(self.uri(steps[-1]))
+        return self.step_dir(steps[-1])
 
     def clean_partial(self) -> None:
         """Remove what a killed trainer left half written or half pruned."""
@@ -84,9 +113,14 @@ class CheckpointStore:
         """Delete these steps. Each directory is first renamed out of the step names, durably,
         so that no reader (a resuming trainer, a policy server, a runner) finds a checkpoint
         half deleted: it finds the whole directory or none. A crash after the rename leaves
-        `step-N.pruned-PID`, which clean_partial removes."""
+        `step-N.pruned-PID`, which clean_partial removes. In an object store the step's
+        marker (trainer.json) goes first, so it stops counting before its files go."""
         for step in steps:
             directory = self.step_dir(step)
+            if self.remote is not None:
+                self.remote.delete(directory.name, first=STATE_FILE)
+                if not directory.exists():  # not cached here
+                    continue
             doomed = self.root / f"{directory.name}.pruned-{os.getpid()}"
             os.rename(directory, doomed)
             _fsync(self.root)
@@ -115,6 +149,10 @@ class CheckpointStore:
         """Write step `step`: `fill(directory)` saves the weights and optimiser into it, then
         trainer.json is written and the directory renamed into place, durably."""
         final = self.step_dir(step)
+        if self.remote is not None and step in self.steps():
+            raise FileExistsError(f"checkpoint {self.uri(step)} exists already")
+        if self.remote is not None:
+            shutil.rmtree(final, ignore_errors=True)  # a cached copy never uploaded
         if final.exists():
             raise FileExistsError(f"checkpoint {final} exists already")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -125,11 +163,15 @@ class CheckpointStore:
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
         for file in partial.iterdir():
             _fsync(file)
+        if self.remote is not None:  # stored once its trainer.json is, which goes last
+            self.remote.upload(partial, final.name, last=STATE_FILE)
         os.rename(partial, final)
         _fsync(self.root)
         return final
 
     def state(self, step: int) -> dict[str, Any]:
+        if self.remote is not None:
+            return object_store.read_json(self.remote, self.step_dir(step).name, STATE_FILE)
         loaded: dict[str, Any] = json.loads((self.step_dir(step) / STATE_FILE).read_text())
         return loaded
 

@@ -11,12 +11,11 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.events import Checkpoint
-from agl_stream.training.checkpoints import checkpoint_root
+from agl_stream.training.checkpoints import local_directory
 from agl_stream.training.device import Placement, apply_threads, placement
 from agl_stream.training.model import Policy, content_hash, load_policy
 from agl_stream.training.sampling import sample
@@ -105,7 +104,7 @@ def load_checkpoint(checkpoint: Checkpoint, where: Placement | None = None) -> P
     """The policy a Checkpoint names, after checking its files against its hash: a whole
     model ("safetensors"), or a LoRA adapter ("peft") merged into its base, whose hash is
     checked too (once per process and base)."""
-    directory = Path(checkpoint_root(checkpoint.uri))
+    directory = local_directory(checkpoint.uri)
     _check_hash(directory, checkpoint.content_hash, checkpoint.uri)
     if checkpoint.format == "safetensors":
         return load_policy(directory, where)
@@ -120,7 +119,7 @@ def load_checkpoint(checkpoint: Checkpoint, where: Placement | None = None) -> P
         raise CheckpointMismatch(
             f"LoRA checkpoint {checkpoint.uri} names no base model (base_uri and base_content_hash)"
         )
-    base = Path(checkpoint_root(checkpoint.base_uri))
+    base = local_directory(checkpoint.base_uri)
     if (str(base), checkpoint.base_content_hash) not in _bases_checked:
         _check_hash(base, checkpoint.base_content_hash, checkpoint.base_uri)
         _bases_checked.add((str(base), checkpoint.base_content_hash))

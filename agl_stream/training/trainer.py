@@ -486,7 +486,7 @@ class Trainer:
 
     async def _resume_or_start(self, cons: AIOKafkaConsumer, tps: list[TP]) -> None:
         self.store.clean_partial()
-        latest = self.store.latest()
+        latest = await asyncio.to_thread(self.store.latest)  # an object store: a download
         if latest is not None:
             await asyncio.to_thread(self._resume, latest)
             return
@@ -603,7 +603,7 @@ class Trainer:
         the latest version's other resources (a prompt, an endpoint), numbered by the
         topic (resources.py); a restart finds the step's version if it is out already."""
         directory = self.store.step_dir(self.step)
-        checkpoint = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+        checkpoint = Checkpoint(uri=self.store.uri(self.step), content_hash=content_hash(directory))
         if self._base is not None:  # a LoRA adapter, applied to the base it names
             checkpoint = Checkpoint(
                 uri=checkpoint.uri, content_hash=checkpoint.content_hash, format="peft",
@@ -612,7 +612,7 @@ class Trainer:
         if not self.config.publish or self._resources_out is None:
             self.resources_id = f"{self.config.run_name}-step{self.step}"
             return
-        state = self.store.state(self.step)
+        state = await asyncio.to_thread(self.store.state, self.step)
         metadata = {"step": str(self.step), "run_name": self.config.run_name}
         if state.get("mean_reward") is not None:
             metadata["mean_reward"] = f"{state['mean_reward']:.6f}"

@@ -119,7 +119,7 @@ def test_a_bad_trainer_setting_is_a_usage_error() -> None:
         (["--learning-rate", "0"], "--learning-rate"),
         (["--group-size", "0"], "--group-size"),
         (["--reward-rule", "best"], "--reward-rule"),
-        (["--checkpoint-dir", "s3://bucket/x"], "only local paths and file:// URIs"),
+        (["--checkpoint-dir", "gs://bucket/x"], "local paths, file:// and s3:// URIs"),
     ]:
         result = CliRunner().invoke(cli, ["worker", "--role", "trainer", *args])
         assert result.exit_code != 0, args
