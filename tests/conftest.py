@@ -19,6 +19,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="How much the chaos test runs: ci (a few hundred rollouts, the default) or long "
         "(thousands, for manual runs: make chaos).",
     )
+    parser.addoption(
+        "--multi-host-size",
+        choices=("ci", "long"),
+        default="ci",
+        help="How much the multi-host test runs: ci (one cut of a runner host and one of a "
+        "broker host, the default) or long (several of each: make multi-host).",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

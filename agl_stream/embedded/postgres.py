@@ -89,7 +89,10 @@ def _run(argv: list[str], who: RunAs, log: Path) -> None:
         )
 
 
-def start(home: Path, port: int) -> None:
+def start(home: Path, port: int, listen: str = "127.0.0.1", trusted: str | None = None) -> None:
+    """Start the server on listen:port (initialised on first start); `trusted`: a network
+    (CIDR) whose clients it also lets in, as it lets in loopback's (the multi-host test's
+    hosts)."""
     data = home / "postgres"
     log = home / "logs" / "postgres.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -108,13 +111,19 @@ def start(home: Path, port: int) -> None:
     if who.uid is not None:
         log.touch()
         os.chown(log, who.uid, who.gid or -1)
-    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
+    if trusted is not None:
+        hba = data / "pg_hba.conf"
+        line = f"host all all {trusted} trust\n"
+        if line not in hba.read_text():
+            with hba.open("a") as out:
+                out.write(line)
+    options = f"-p {port} -c listen_addresses={listen} -c unix_socket_directories=''"
     _run(
         [str(bin_dir() / "pg_ctl"), "start", "-D", str(data), "-l", str(log), "-o", options,
          "-w", "-t", "60"],
         who, log,
     )  # fmt: skip
-    wait_until(lambda: port_open(port), 30, "PostgreSQL", log)
+    wait_until(lambda: port_open(port, listen), 30, "PostgreSQL", log)
 
 
 def running(home: Path) -> bool:
