@@ -41,7 +41,7 @@ pytestmark = [
 BUCKET = "checkpoints"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not per module: the backend's parameters reorder tests
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
         server.client().create_bucket(Bucket=BUCKET)
