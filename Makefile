@@ -83,7 +83,8 @@ chart-check: $(STAMP) chart-tools  ## render and validate the Helm chart, lint t
 	$(BIN)/python -m pytest tests/unit/test_chart.py tests/unit/test_deploy_files.py
 
 image-check:  ## the Dockerfile's install steps (deploy/image/install.sh) into a scratch venv; EXTRAS=s3 by default
-	EXTRAS=$(or $(EXTRAS),s3) sh deploy/image/install.sh $$(mktemp -d)/venv
+	scratch=$$(mktemp -d); EXTRAS=$(or $(EXTRAS),s3) sh deploy/image/install.sh $$scratch/venv; \
+	status=$$?; rm -rf $$scratch; exit $$status
 
 soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts the stack; SOAK_ARGS to change)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS) --json-out benchmarks/soak.json
