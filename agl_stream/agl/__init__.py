@@ -22,6 +22,7 @@ with warnings.catch_warnings():
             "agl_stream.agl needs Agent Lightning 0.3: pip install 'agl-stream[agl]'"
         ) from exc
 
+from agl_stream.agl.server import TokenStoreClient
 from agl_stream.agl.store import AglStreamStore
 
-__all__ = ["AglStreamStore"]
+__all__ = ["AglStreamStore", "TokenStoreClient"]

@@ -63,11 +63,14 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
     """Serve Agent Lightning 0.3's store protocol (what its LightningStoreClient speaks, and
     OTLP/HTTP traces at /v1/traces) backed by agl-stream's topics and read model: Agent
     Lightning's runners and algorithms given AGENT_LIGHTNING_STORE_URL (or AGL_SERVER_HOST and
-    AGL_SERVER_PORT) connect unchanged, and what they record survives this process."""
+    AGL_SERVER_PORT) connect unchanged, and what they record survives this process. With
+    AGL_STREAM_API_TOKEN set, calls need it as a bearer token (agl_stream.agl.TokenStoreClient
+    sends it)."""
     default_host, default_port = _address()
     host = host or default_host
     port = default_port if port is None else port
     kafka, database = app.kafka(), app.database()
+    token = app.auth().token
     # Before the store starts (it would fence a store already serving these topics), and
     # because Agent Lightning's launcher only says that the server did not start in time.
     with listening_on(f"{host}:{port}"):
@@ -82,7 +85,7 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
         facade = AglStreamStore(kafka, database, run_projector=projector)
         try:
             await facade.statistics()  # connects, fences an earlier store, catches up
-            server = store_server(facade, host, port)
+            server = store_server(facade, host, port, token=token)
             with listening_on(f"{host}:{port}"):
                 try:
                     await server.start()

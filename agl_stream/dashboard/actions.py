@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agl_stream.cancel import OPEN_STATUSES, cancel
 from agl_stream import auth
+from agl_stream.cancel import OPEN_STATUSES, cancel
 from agl_stream.dashboard.api import ACTIONS, KAFKA, READ_MODEL, error
 from agl_stream.requeue import RequeueError, requeue
 

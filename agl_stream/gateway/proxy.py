@@ -162,7 +162,7 @@ class Gateway:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         Tracing.install()
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        auth.protect(app, self.token, allow=_on_attempt_url)
+        auth.protect(app, self.token, allow=_own_credential)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
         if self.rewards is not None:
@@ -511,8 +511,10 @@ class _Recorded:
             current_recorder.reset(token)
 
 
-def _on_attempt_url(request: web.Request) -> bool:
-    return request.path.startswith("/rollouts/")
+def _own_credential(request: web.Request) -> bool:
+    """Routes that check a credential of their own: an attempt's URL (its key) and POST
+    /rewards (the reward token)."""
+    return request.path.startswith("/rollouts/") or request.path == "/rewards"
 
 
 def _refused_key(request: web.Request, route: AttemptRoute) -> web.Response | None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agl_stream.agent.llm import LLMCall, record_llm_call

@@ -32,10 +32,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def start_server(place: Place, url: str) -> asyncio.subprocess.Process:
+async def start_server(place: Place, url: str, **extra_env: str) -> asyncio.subprocess.Process:
     """`agl-stream store` with only AGENT_LIGHTNING_STORE_URL saying where: up when healthy."""
     env = child_environment(place.kafka, place.database)
-    env.update(AGENT_LIGHTNING_STORE_URL=url)
+    env.update(AGENT_LIGHTNING_STORE_URL=url, **extra_env)
     for name in ("AGL_SERVER_HOST", "AGL_SERVER_PORT"):
         env.pop(name, None)
     process = await asyncio.create_subprocess_exec(
@@ -195,3 +195,30 @@ async def test_a_killed_server_loses_nothing(served: Served) -> None:
 async def drain(client: LightningStoreClient) -> None:
     while await client.dequeue_rollout() is not None:
         pass
+
+
+async def test_a_token_guards_the_store(embedded_backend: Backend) -> None:
+    """With AGL_STREAM_API_TOKEN: calls without it get a 401 that says what to send; the
+    health check stays open; TokenStoreClient sends it."""
+    from agl_stream.agl import TokenStoreClient
+
+    token = "store-token-0123456789"
+    async with fresh_place(embedded_backend) as place:
+        url = f"http://127.0.0.1:{free_port()}"
+        process = await start_server(place, url, AGL_STREAM_API_TOKEN=token)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/v1/agl/statistics") as response:
+                    assert response.status == 401
+                    assert "AGL_STREAM_API_TOKEN" in (await response.json())["detail"]
+                wrong = {"Authorization": "Bearer " + "x" * len(token)}
+                async with http.get(f"{url}/v1/agl/statistics", headers=wrong) as response:
+                    assert response.status == 401
+            client = TokenStoreClient(url, token)
+            try:
+                rollout = await client.enqueue_rollout(input={"q": 1})
+                assert (await client.get_rollout_by_id(rollout.rollout_id)) is not None
+            finally:
+                await client.close()
+        finally:
+            await stop(process)

@@ -11,15 +11,15 @@ import aiohttp
 import pytest
 
 from agl_stream.auth import COOKIE, session_value
-from agl_stream.config import DatabaseSettings
+from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.dashboard.server import Dashboard
 
 TOKEN = "dashboard-token-0123456789abcdef"
 
 
 @pytest.fixture
-async def dashboard(database: DatabaseSettings) -> AsyncIterator[str]:
-    server = Dashboard(database, token=TOKEN)
+async def dashboard(database: DatabaseSettings, kafka: KafkaSettings) -> AsyncIterator[str]:
+    server = Dashboard(database, kafka, token=TOKEN)
     url = await server.start()
     try:
         yield url
@@ -29,7 +29,7 @@ async def dashboard(database: DatabaseSettings) -> AsyncIterator[str]:
 
 async def test_the_api_needs_the_token(dashboard: str) -> None:
     async with aiohttp.ClientSession() as http:
-        for path in ("/api/runs", "/api/rollouts", "/api/openapi.json", "/api/live"):
+        for path in ("/api/runs", "/api/rollouts", "/api/dead-letters", "/api/live"):
             async with http.get(f"{dashboard}{path}") as r:
                 assert r.status == 401, path
             async with http.get(
@@ -41,6 +41,8 @@ async def test_the_api_needs_the_token(dashboard: str) -> None:
         ) as r:
             assert r.status == 200
             assert isinstance(await r.json(), dict | list)
+        async with http.get(f"{dashboard}/api/openapi.json") as r:
+            assert r.status == 200  # the description is no secret
 
 
 async def test_a_browser_signs_in_once(dashboard: str) -> None:
