@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 TINY = "tiny"
 TINY_CHAT = "tiny-chat"
+# The same models with 2 heads of 32 instead of 4 of 16 (the weights have the same shapes):
+# vLLM's CPU attention kernels refuse a head size of 16.
+WIDE_HEADS = "-h32"
 CHAT_SPECIALS = ("<pad>", "<bos>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -48,7 +51,7 @@ class Policy:
         return str(getattr(self.model.config, "_name_or_path", "") or "policy")
 
 
-def tiny_policy(seed: int = 0) -> Policy:
+def tiny_policy(seed: int = 0, heads: int = 4) -> Policy:
     """A two-layer Llama over TINY_WORDS, randomly initialised from `seed`."""
     quiet_transformers()
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -64,10 +67,11 @@ def tiny_policy(seed: int = 0) -> Policy:
         pad_token="<pad>",
         unk_token="<unk>",
     )
-    return Policy(_tiny_llama(tokenizer, len(vocab), 64, seed, TINY), tokenizer)
+    name = TINY if heads == 4 else f"{TINY}{WIDE_HEADS}"
+    return Policy(_tiny_llama(tokenizer, len(vocab), 64, seed, name, heads), tokenizer)
 
 
-def tiny_chat_policy(seed: int = 0) -> Policy:
+def tiny_chat_policy(seed: int = 0, heads: int = 4) -> Policy:
     """A two-layer Llama over bytes (byte-level BPE with no merges, so any text round-trips
     exactly) with a chat template: what the gateway and policy server are tested with."""
     quiet_transformers()
@@ -88,10 +92,13 @@ def tiny_chat_policy(seed: int = 0) -> Policy:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    return Policy(_tiny_llama(tokenizer, len(vocab), 256, seed, TINY_CHAT), tokenizer)
+    name = TINY_CHAT if heads == 4 else f"{TINY_CHAT}{WIDE_HEADS}"
+    return Policy(_tiny_llama(tokenizer, len(vocab), 256, seed, name, heads), tokenizer)
 
 
-def _tiny_llama(tokenizer: Any, vocab_size: int, context: int, seed: int, name: str) -> Any:
+def _tiny_llama(
+    tokenizer: Any, vocab_size: int, context: int, seed: int, name: str, heads: int
+) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -100,8 +107,8 @@ def _tiny_llama(tokenizer: Any, vocab_size: int, context: int, seed: int, name: 
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=context,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -144,9 +151,12 @@ def _dtype_option() -> str:
 
 
 def initial_policy(spec: str, seed: int, placement: Placement | None = None) -> Policy:
-    """`tiny`, `tiny-chat` or the path of a local checkpoint."""
-    if spec in (TINY, TINY_CHAT):
-        policy = tiny_policy(seed) if spec == TINY else tiny_chat_policy(seed)
+    """`tiny`, `tiny-chat` (either with `-h32`: the head size vLLM's CPU kernels accept) or
+    the path of a local checkpoint."""
+    heads = 2 if spec.endswith(WIDE_HEADS) else 4
+    name = spec.removesuffix(WIDE_HEADS)
+    if name in (TINY, TINY_CHAT):
+        policy = tiny_policy(seed, heads) if name == TINY else tiny_chat_policy(seed, heads)
         if placement is not None:
             policy.model.to(device=placement.device, dtype=placement.torch_dtype)
         return policy
