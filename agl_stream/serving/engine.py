@@ -7,31 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from agl_stream.training.device import model_device
+from agl_stream.training.device import Placement, model_device
+from agl_stream.events import Checkpoint
+from agl_stream.serving.checks import CheckpointRefused
+from agl_stream.serving.engines import Job, Serving
+from agl_stream.training.local_llm import local_llm
 from agl_stream.training.model import Policy
 
-OnToken = Callable[[int, float], None]
-
-
-@dataclass
-class Job:
-    """One request's generation."""
-
-    prompt_ids: Sequence[int]
-    max_tokens: int
-    temperature: float
-    seed: int | None
-    on_token: OnToken
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = "length"
-    resources_id: str = ""  # the version that answers, set before the first token
+__all__ = ["Batcher", "Job", "Loaded", "TorchEngine", "generate"]
 
 
 @dataclass
@@ -166,3 +155,58 @@ class Batcher:
             for _, future in live:
                 if not future.done():
                     future.set_result(loaded.resources_id)
+
+
+class TorchEngine:
+    """The policy run with torch in this process, batching concurrent requests."""
+
+    def __init__(self, max_batch: int = 32, placement: Placement | None = None) -> None:
+        self.max_batch = max_batch
+        self.placement = placement  # where a loaded checkpoint runs (None: the settings')
+        self.batcher: Batcher | None = None
+        self._serving: Serving | None = None
+        self._ready = asyncio.Event()
+
+    @property
+    def serving(self) -> Serving | None:
+        return self._serving
+
+    @property
+    def down(self) -> str | None:
+        return None
+
+    @property
+    def url(self) -> str | None:
+        return None
+
+    def put(self, loaded: Loaded) -> None:
+        """Serve `loaded` from the next batch on."""
+        loaded.policy.model.eval()
+        if self.batcher is None:
+            self.batcher = Batcher(loaded, self.max_batch)
+            self._ready.set()
+        else:
+            self.batcher.swap(loaded)
+        config = loaded.policy.model.config
+        context = int(getattr(config, "max_position_embeddings", 2048))
+        self._serving = Serving(loaded.resources_id, loaded.policy.tokenizer, context)
+
+    async def load(self, resources_id: str, checkpoint: Checkpoint) -> None:
+        """A whole model, or a LoRA adapter merged into its base (local_llm checks both)."""
+        llm = await asyncio.to_thread(local_llm, checkpoint, self.placement)
+        self.put(Loaded(llm.policy, resources_id))
+
+    async def submit(self, job: Job) -> str:
+        assert self.batcher is not None, "nothing is served yet"
+        return await self.batcher.submit(job)
+
+    async def run(self) -> None:
+        await self._ready.wait()
+        assert self.batcher is not None
+        await self.batcher.run()
+
+    async def close(self) -> None:
+        pass
+
+    def stats(self) -> Mapping[str, int | float]:
+        return {"batches": self.batcher.batches if self.batcher else 0}

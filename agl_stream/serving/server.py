@@ -32,10 +32,10 @@ from agl_stream.serving.api import (
     render_prompt,
     response_body,
 )
-from agl_stream.serving.engine import Batcher, Job, Loaded
+from agl_stream.serving.engine import Loaded, TorchEngine
+from agl_stream.serving.engines import Engine, EngineError, Job, Serving
 from agl_stream.telemetry.spans import Attributes
 from agl_stream.training.device import Placement
-from agl_stream.training.local_llm import local_llm
 
 log = logging.getLogger(__name__)
 ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.COMPLETION}
@@ -43,41 +43,50 @@ ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.
 
 class PolicyServer:
     def __init__(
-        self, model_name: str = "policy", max_batch: int = 32, placement: Placement | None = None
+        self,
+        model_name: str = "policy",
+        max_batch: int = 32,
+        placement: Placement | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.model_name = model_name
-        self.max_batch = max_batch
-        self.placement = placement  # where published checkpoints are loaded (None: settings)
-        self.batcher: Batcher | None = None
+        # The torch engine by default, loading published checkpoints where `placement` says.
+        self.engine: Engine = engine if engine is not None else TorchEngine(max_batch, placement)
         self.reloads = 0
         self.cache: ResourceCache | None = None  # what follow() folds: versions by id
         self.catch_up_seconds = 10.0
         self.resource = "policy"
-        self.refused: set[str] = set()  # versions whose checkpoint would not load
+        self.refused: dict[str, str] = {}  # versions whose checkpoint would not load: why
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
         self._moved = asyncio.Event()  # set (and replaced) by every load and refusal
         self.counts: Counter[str] = Counter()
+        self.in_flight = 0  # calls the engine is generating
         self.metrics = WorkerMetrics("policy_server", lambda: {
             **self.counts, "reloads": self.reloads, "refused": len(self.refused),
-            "batches": self.batcher.batches if self.batcher else 0,
+            **self.engine.stats(),
         })  # fmt: skip
 
     @property
+    def serving(self) -> Serving | None:
+        return self.engine.serving
+
+    @property
     def resources_id(self) -> str | None:
-        return self.batcher.loaded.resources_id if self.batcher else None
+        serving = self.engine.serving
+        return serving.resources_id if serving else None
 
     def load(self, loaded: Loaded) -> None:
-        """Serve `loaded` from the next batch on."""
-        loaded.policy.model.eval()
-        if self.batcher is None:
-            self.batcher = Batcher(loaded, self.max_batch)
-            self._tasks.append(asyncio.create_task(self.batcher.run()))
-        else:
-            self.batcher.swap(loaded)
-            self.reloads += 1
-        log.info("serving %s", loaded.resources_id)
+        """Serve `loaded` (torch engine) from the next batch on."""
+        assert isinstance(self.engine, TorchEngine), "load() puts a torch policy in place"
+        first = self.engine.serving is None
+        self.engine.put(loaded)
+        self._loaded(loaded.resources_id, first)
+
+    def _loaded(self, resources_id: str, first: bool) -> None:
+        self.reloads += not first
+        log.info("serving %s", resources_id)
         self._wake()
 
     def _wake(self) -> None:
@@ -107,14 +116,15 @@ class PolicyServer:
             with self.metrics.tracer.span("policy_server.reload", attributes=attributes) as span:
                 try:
                     began = time.monotonic()
-                    llm = await asyncio.to_thread(local_llm, checkpoint, self.placement)
-                    self.load(Loaded(llm.policy, version.resources_id))
+                    first = self.engine.serving is None
+                    await self.engine.load(version.resources_id, checkpoint)
+                    self._loaded(version.resources_id, first)
                     self.metrics.observe(
                         "reload", time.monotonic() - began, "Loading a published checkpoint."
                     )
                     self.metrics.set("version", version.version, "The resources version served.")
                 except (ValueError, OSError) as exc:
-                    self.refused.add(version.resources_id)
+                    self.refused[version.resources_id] = str(exc)
                     log.error("cannot load %s: %s", version.resources_id, exc)
                     span.set_status(Status(StatusCode.ERROR, f"refused: {exc}"[:500]))
                     self._wake()
@@ -165,6 +175,7 @@ class PolicyServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self.metrics.respond)
+        self._tasks.append(asyncio.create_task(self.engine.run()))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
@@ -177,6 +188,7 @@ class PolicyServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.engine.close()
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -185,18 +197,24 @@ class PolicyServer:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _health(self, request: web.Request) -> web.Response:
-        batches = self.batcher.batches if self.batcher else 0
-        body = {"resources_id": self.resources_id, "reloads": self.reloads, "batches": batches}
-        return web.json_response(body, status=200 if self.batcher else 503)
+        """200 while a version is served and the engine answers; what it serves, what it
+        refused and why, and the engine's counters (its restarts, say)."""
+        stats = dict(self.engine.stats())
+        body = {
+            "resources_id": self.resources_id, "reloads": self.reloads, **stats,
+            "refused": self.refused, "engine_down": self.engine.down,
+            "engine_url": self.engine.url, "in_flight": self.in_flight,
+        }  # fmt: skip
+        ok = self.engine.serving is not None and body["engine_down"] is None
+        return web.json_response(body, status=200 if ok else 503)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         kind = ENDPOINTS[request.path]
         await self._catch_up(request.headers.get(RESOURCES_HEADER))
-        if self.batcher is None:
+        serving = self.engine.serving
+        if serving is None:
             return _error(503, "no policy version has been published yet", "not_ready")
-        loaded = self.batcher.loaded
-        tokenizer = loaded.policy.tokenizer
-        context = int(getattr(loaded.policy.model.config, "max_position_embeddings", 2048))
+        tokenizer, context = serving.tokenizer, serving.context
         try:
             generation = read_generation(kind, parse_request(await request.read()), context)
             text = render_prompt(tokenizer, generation)
@@ -212,18 +230,21 @@ class PolicyServer:
             )
             return _error(400, message, "invalid_request_error")
         if generation.stream:
-            return await self._stream(request, generation, prompt_ids)
+            return await self._stream(request, generation, prompt_ids, tokenizer)
         job = _job(generation, prompt_ids, lambda token, logprob: None)
-        resources_id = await self.batcher.submit(job)
+        try:
+            resources_id = await self._submit(job)
+        except EngineError as exc:
+            self.counts["failed"] += 1
+            return _error(exc.status, str(exc), exc.kind)
         self._count(job)
         answered = _answered(tokenizer, generation, job, resources_id)
         body = response_body(new_id(kind), self.model_name, answered, kind)
         return web.json_response(body, headers={RESOURCES_HEADER: resources_id})
 
     async def _stream(
-        self, request: web.Request, generation: Generation, prompt_ids: list[int]
+        self, request: web.Request, generation: Generation, prompt_ids: list[int], tokenizer: Any
     ) -> web.StreamResponse:
-        assert self.batcher is not None
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
         job = _job(
@@ -231,9 +252,9 @@ class PolicyServer:
             prompt_ids,
             lambda token, logprob: loop.call_soon_threadsafe(tokens.put_nowait, (token, logprob)),
         )
-        done = asyncio.create_task(self.batcher.submit(job))
+        job.stream = True
+        done = asyncio.create_task(self._submit(job))
         done.add_done_callback(lambda _: tokens.put_nowait(None))
-        tokenizer = self.batcher.loaded.policy.tokenizer
         call_id, kind = new_id(generation.kind), generation.kind
         detokenizer = Detokenizer(tokenizer, generation.skip_special_tokens)
         response: web.StreamResponse | None = None
@@ -253,10 +274,17 @@ class PolicyServer:
                 ),
             )  # fmt: skip
         failure = done.exception()
-        if response is None:
-            return _error(500, f"generation failed: {failure}", "server_error")
+        status, error_kind = (
+            (failure.status, failure.kind) if isinstance(failure, EngineError)
+            else (500, "server_error")
+        )  # fmt: skip
         if failure is not None:
-            await response.write(b"data: " + error_body(f"generation failed: {failure}") + b"\n\n")
+            self.counts["failed"] += 1
+        if response is None:
+            return _error(status, f"generation failed: {failure}", error_kind)
+        if failure is not None:
+            body = error_body(f"generation failed: {failure}", error_kind)
+            await response.write(b"data: " + body + b"\n\n")
             return response
         self._count(job)
         final = chunk_body(
@@ -267,6 +295,13 @@ class PolicyServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _submit(self, job: Job) -> str:
+        self.in_flight += 1
+        try:
+            return await self.engine.submit(job)
+        finally:
+            self.in_flight -= 1
 
     def _count(self, job: Job) -> None:
         self.counts["requests"] += 1
