@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,9 +18,11 @@ from agl_stream.cli.common import (
     stop_on_signals,
     torch_options,
 )
+from agl_stream.cli.engines import build_engine, engine_options, fixed_checkpoint
 
 if TYPE_CHECKING:
     from agl_stream.serving.server import PolicyServer
+    from agl_stream.training.device import Placement
 
 
 def _worker_id(role: str) -> str:
@@ -62,6 +64,7 @@ def _url(value: str) -> str:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of tiny models.")
 @torch_options
+@engine_options
 @click.option("-v", "--verbose", is_flag=True, help="Log loads and reloads.")
 @click.pass_obj
 @friendly_errors
@@ -80,15 +83,18 @@ def serve(
     dtype: str | None,
     threads: int | None,
     verbose: bool,
+    **engine: Any,
 ) -> None:
     """Serve a policy behind the OpenAI API (chat completions and completions, streaming or
     not), with token ids and logprobs in every answer.
 
     By default it follows the resources topic: it serves the latest version's checkpoint
     (or the --pin'ned one), reloads when a new one is published, and says which version
-    answered (`system_fingerprint` and the X-AGL-Resources-Id header). It runs the model
-    with torch on --device in --dtype, batching concurrent requests. With AGL_STREAM_API_TOKEN set,
-    every call but /health and /metrics needs it as a bearer token.
+    answered (`system_fingerprint` and the X-AGL-Resources-Id header). The torch engine runs
+    the model in this process on --device in --dtype, batching concurrent requests; the vllm
+    engine runs vLLM's server as a child process and reloads it in place (a LoRA adapter
+    too), restarting it if it dies. With AGL_STREAM_API_TOKEN set, every call but /health and
+    /metrics needs it as a bearer token.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     from agl_stream.serving.server import PolicyServer
@@ -102,16 +108,10 @@ def serve(
 
     async def main() -> None:
         stop = stop_on_signals()
-        server = PolicyServer(served_model_name, max_batch, where)
+        built = build_engine(engine, max_batch, where, dtype)
+        server = PolicyServer(served_model_name, max_batch, where, engine=built)
         if model_spec is not None:
-            from agl_stream.serving.engine import Loaded
-            from agl_stream.training.model import initial_policy
-
-            try:
-                policy = await asyncio.to_thread(initial_policy, model_spec, seed, where)
-            except (ValueError, OSError) as exc:
-                raise click.BadParameter(str(exc), param_hint="--model") from None
-            server.load(Loaded(policy, f"model:{model_spec}"))
+            await _load_fixed(server, model_spec, seed, where)
         with listening_on(f"{host}:{port}"):
             url = await server.start(host, port, token)
         console.print(
@@ -127,6 +127,23 @@ def serve(
             await server.stop()
 
     asyncio.run(main())
+
+
+async def _load_fixed(server: PolicyServer, spec: str, seed: int, where: Placement) -> None:
+    """--model: built (a tiny one) or read in this process for torch, a directory for vLLM."""
+    from agl_stream.serving.engine import Loaded, TorchEngine
+    from agl_stream.training.model import initial_policy
+
+    try:
+        if isinstance(server.engine, TorchEngine):
+            policy = await asyncio.to_thread(initial_policy, spec, seed, where)
+            server.load(Loaded(policy, f"model:{spec}"))
+        else:
+            checkpoint = await asyncio.to_thread(fixed_checkpoint, spec, seed)
+            await server.engine.load(f"model:{spec}", checkpoint)
+    except (ValueError, OSError) as exc:
+        await server.engine.close()
+        raise click.BadParameter(str(exc), param_hint="--model") from None
 
 
 async def _follow(app: AppContext, server: PolicyServer, resource: str, pin: str | None) -> None:

