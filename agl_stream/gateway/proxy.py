@@ -400,6 +400,7 @@ class Gateway:
         response: web.StreamResponse | None = None
         decoder = SSEDecoder()
         served_by: str | None = None
+        failed: str | None = None  # an error event the upstream sent mid-stream
         try:
             async with self._post(request, url, body, recorded) as upstream:
                 served_by = upstream.headers.get(RESOURCES_HEADER)
@@ -422,7 +423,9 @@ class Gateway:
                     await response.write(data)
                     for event in decoder.feed(data):
                         chunk = read_chunk(event)
-                        if chunk is not None:
+                        if chunk is not None and "error" in chunk:
+                            failed = f"the upstream failed mid-stream: {chunk['error']}"
+                        elif chunk is not None:
                             recorded.record.add_chunk(chunk)
                     if recorded.route is not None:
                         recorded.route.recorder.touch()
@@ -433,7 +436,7 @@ class Gateway:
             # Headers are gone: tell the client in the stream, as OpenAI's servers do.
             await response.write(b"data: " + error_body(_failure(exc), "upstream_error") + b"\n\n")
             return response
-        recorded.finish(served_by, None)
+        recorded.finish(served_by, failed)
         await response.write_eof()
         return response
 

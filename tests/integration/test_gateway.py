@@ -231,3 +231,39 @@ async def test_a_restarted_gateway_keeps_the_calls_of_both_runs(
         first, second = await rm.spans(UNATTRIBUTED)
     assert first.attempt_id != second.attempt_id
     assert first.sequence == second.sequence == 0
+
+
+async def test_an_error_event_mid_stream_records_the_call_as_failed(kafka: KafkaSettings) -> None:
+    """An upstream that fails after its first tokens says so in an error event (the policy
+    server does when its engine dies): the call is recorded as failed, with the message."""
+
+    async def failing(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [7]}]}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        error = {"error": {"message": "the engine stopped", "type": "engine_unavailable"}}
+        await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        await response.write_eof()
+        return response
+
+    application = web.Application()
+    application.router.add_post("/v1/chat/completions", failing)
+    upstream = web.AppRunner(application)
+    await upstream.setup()
+    await web.TCPSite(upstream, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{upstream.addresses[0][1]}/v1"
+    try:
+        async with producer(kafka) as prod:
+            gateway = Gateway(base, EventPublisher(prod, Topics(kafka)))
+            url = await gateway.start()
+            request = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "a"}]}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{url}/v1/chat/completions", json=request) as response,
+            ):
+                assert b"the engine stopped" in await response.read()
+            await gateway.stop()
+    finally:
+        await upstream.cleanup()
+    assert gateway.counts["failed"] == 1 and gateway.counts["calls"] == 1
