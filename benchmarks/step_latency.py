@@ -128,7 +128,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(tempfile.mkdtemp(prefix="agl-bench-step-"))
     config = DemoConfig(
         steps=args.steps, runners=args.runners, concurrency=args.concurrency, out_dir=out_dir,
-        run_name=run, seed=args.seed, max_staleness=args.max_staleness,
+        run_name=run, seed=args.seed, max_staleness=args.max_staleness, engine=args.engine,
     )  # fmt: skip
     points: list[tuple[float, StepPoint]] = []  # (wall clock, point)
     began = time.time()
@@ -145,6 +145,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     reached = next((at for at, p in points if p.mean_reward >= 0.9), None)
     first_version = version_times(records, run).get(0, began)
     figures: dict[str, Any] = {
+        "engine": args.engine,
         "steps": args.steps, "runners": args.runners, "concurrency": args.concurrency,
         "max_staleness": args.max_staleness, "cycles_measured": len(measured),
         "step_median_s": round(step, 3), "wall_s": round(wall, 1),
@@ -164,7 +165,8 @@ def report(figures: dict[str, Any]) -> None:
     step = figures["step_median_s"]
     table = Table(
         title=f"one step of the demo ({figures['cycles_measured']} cycles; "
-        f"{figures['runners']} runners x concurrency {figures['concurrency']})",
+        f"{figures['runners']} runners x concurrency {figures['concurrency']}; "
+        f"{figures.get('engine', 'torch')} engine)",
         title_justify="left",
     )
     for column in ("phase", "median s", "max s", "share of the median step"):
@@ -193,4 +195,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-staleness", type=int, choices=(0, 1), default=0)
+    parser.add_argument("--engine", choices=("torch", "vllm"), default=defaults.engine)
     run_benchmark(parser, main, report)

@@ -26,6 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="How much the multi-host test runs: ci (one cut of a runner host and one of a "
         "broker host, the default) or long (several of each: make multi-host).",
     )
+    parser.addoption(
+        "--vllm-demo",
+        action="store_true",
+        help="Also run the demo with the vLLM engine (minutes; make test-vllm-demo).",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,6 +38,14 @@ from agl_stream.embedded.process import free_port
     show_default=True,
     help="Where checkpoints, worker logs and the reward curve go.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["torch", "vllm"]),
+    default="torch",
+    show_default=True,
+    help="The policy server's engine (vllm: vLLM's CPU build, on the tiny model with a head "
+    "size its kernels take).",
+)
 @click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running afterwards.")
 @click.option(
     "--dashboard-port",
@@ -58,6 +66,7 @@ def demo(
     seed: int,
     max_staleness: int,
     out_dir: Path,
+    engine: str,
     keep_stack: bool,
     dashboard_port: int,
     no_dashboard: bool,
@@ -80,9 +89,11 @@ def demo(
     config = DemoConfig(
         steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness,
         dashboard_port=port,
+        engine=engine,
     )  # fmt: skip
     console.print(
-        f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server; "
+        f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server "
+        f"({engine}); "
         f"{steps} steps of {config.groups_per_step} tasks x {config.group_size} attempts",
         highlight=False,
     )

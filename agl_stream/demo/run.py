@@ -7,6 +7,7 @@ policy through its runner's gateway, which records the token ids the trainer lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 from aiokafka import TopicPartition
 from sqlalchemy.exc import SQLAlchemyError
@@ -63,6 +65,14 @@ class DemoConfig:
     algorithm: bool = True  # False: runners and a projector only (Trainer.dev)
     resources: Mapping[str, Any] = field(default_factory=dict)  # published beside `llm`
     dashboard_port: int | None = None  # run `agl-stream dashboard` beside it, on this port
+    # The policy server's engine. vLLM's CPU kernels refuse the tiny model's head size of
+    # 16: with vllm the trainer starts from the same model with 2 heads of 32.
+    engine: str = "torch"
+    vllm_args: tuple[str, ...] = ("--vllm-enforce-eager",)
+
+    @property
+    def init_model(self) -> str:
+        return "tiny-h32" if self.engine == "vllm" else "tiny"
 
     @property
     def trainer_staleness(self) -> int:
@@ -113,7 +123,10 @@ def workers(
     """The run's processes by name, stopped (SIGTERM, then kill) on the way out."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
     env = {**child_environment(kafka, database), **config.extra_env}
-    serve = [sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port)]
+    serve = [
+        sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port),
+        "--engine", config.engine, *(config.vllm_args if config.engine == "vllm" else ()),
+    ]  # fmt: skip
     commands = {
         "policy-server": serve,
         "trainer": _worker_command(
@@ -122,7 +135,7 @@ def workers(
             "--groups-per-step", str(config.groups_per_step),
             "--max-staleness", str(config.trainer_staleness),
             "--learning-rate", str(config.learning_rate), "--seed", str(config.seed),
-            "--start", "latest", "--heartbeat", "2",
+            "--start", "latest", "--heartbeat", "2", "--init-model", config.init_model,
         ),
         "projector": _worker_command("projector", "--heartbeat", "2"),
         **{
@@ -164,9 +177,12 @@ async def drive(
     config: DemoConfig,
     alive: Callable[[], str | None],
     on_step: Callable[[StepPoint], None],
+    policy_url: str | None = None,
 ) -> list[StepPoint]:
     """Follow the trainer's versions; enqueue a step of tasks pinned to each; return the
-    mean reward of every step. `alive()` names a worker that died, to stop early."""
+    mean reward of every step. `alive()` names a worker that died, to stop early. The
+    first step waits until the policy server at `policy_url` serves its version (vLLM
+    takes a minute or two to start; the attempts would time out meanwhile)."""
     topics = Topics(kafka)
     tps = [
         TopicPartition(topics.name("resources"), p)
@@ -210,11 +226,43 @@ async def drive(
                     progressed = loop.time()
                 # With overlap, version n also gets the tasks of step n + 1 (it is the
                 # newest version when they are queued; they train one update later).
+                if not enqueued and policy_url is not None:
+                    await _served(policy_url, event.resources_id, alive, config)
+                    progressed = loop.time()
                 for ahead in range(step, step + 1 + config.max_staleness):
                     if ahead < config.steps and ahead not in enqueued:
                         enqueued.add(ahead)
                         await _enqueue_step(publisher, config, rng, ahead, event.resources_id)
     return points
+
+
+async def _served(
+    url: str, resources_id: str, alive: Callable[[], str | None], config: DemoConfig
+) -> None:
+    """Until the policy server's /health says it serves `resources_id`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.stall_seconds
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while True:
+            died = alive()
+            if died is not None:
+                raise DemoFailed(f"the {died} process stopped; its log is in {config.log_dir}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with session.get(f"{url}/health") as response:
+                    health = await response.json()
+                if health.get("resources_id") == resources_id:
+                    return
+                if resources_id in health.get("refused", {}):
+                    raise DemoFailed(
+                        f"the policy server refused {resources_id}: "
+                        f"{health['refused'][resources_id]}"
+                    )
+            if loop.time() > deadline:
+                raise DemoFailed(
+                    f"the policy server did not serve {resources_id} within "
+                    f"{config.stall_seconds:.0f} s; its log is in {config.log_dir}"
+                )
+            await asyncio.sleep(0.2)
 
 
 async def _enqueue_step(
@@ -259,7 +307,7 @@ def run_demo(
         started = datetime.now(UTC)
 
         async def train() -> list[StepPoint]:
-            points = await drive(kafka, config, alive, on_step)
+            points = await drive(kafka, config, alive, on_step, f"http://127.0.0.1:{port}")
             if after is not None:
                 await after(points)
             return points

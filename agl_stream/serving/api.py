@@ -125,6 +125,19 @@ class Detokenizer:
         return str(self.tokenizer.decode(self.ids, skip_special_tokens=self.skip))
 
 
+def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's text, as `tokenizer.decode([id], skip_special_tokens=False)` gives it,
+    from the Rust tokenizer directly where there is one: transformers' decode costs ~90 us a
+    call in Python, the server's largest cost under load (decode_batch spawns threads: ~1 ms)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return [str(tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+    texts = [backend.decode([i], skip_special_tokens=False) for i in ids]
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        texts = [tokenizer.clean_up_tokenization(text) for text in texts]
+    return [str(text) for text in texts]
+
+
 @dataclass(frozen=True)
 class Answered:
     """What the engine produced for one request."""

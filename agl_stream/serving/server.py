@@ -6,12 +6,12 @@ and reloads when a new checkpoint is published."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
 from typing import Any
 
+import orjson
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
@@ -31,6 +31,7 @@ from agl_stream.serving.api import (
     read_generation,
     render_prompt,
     response_body,
+    token_texts,
 )
 from agl_stream.serving.engine import Loaded, TorchEngine
 from agl_stream.serving.engines import Engine, EngineError, Job, Serving
@@ -240,7 +241,10 @@ class PolicyServer:
         self._count(job)
         answered = _answered(tokenizer, generation, job, resources_id)
         body = response_body(new_id(kind), self.model_name, answered, kind)
-        return web.json_response(body, headers={RESOURCES_HEADER: resources_id})
+        return web.Response(
+            body=orjson.dumps(body), content_type="application/json",
+            headers={RESOURCES_HEADER: resources_id},
+        )  # fmt: skip
 
     async def _stream(
         self, request: web.Request, generation: Generation, prompt_ids: list[int], tokenizer: Any
@@ -269,7 +273,7 @@ class PolicyServer:
                 response,
                 chunk_body(
                     call_id, self.model_name, kind, job.resources_id, delta, [token],
-                    [_token_text(tokenizer, token)], [logprob],
+                    token_texts(tokenizer, [token]), [logprob],
                     prompt_token_ids=prompt_ids if first else None,
                 ),
             )  # fmt: skip
@@ -319,7 +323,7 @@ async def _event_stream(request: web.Request, resources_id: str) -> web.StreamRe
 
 
 async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
 
 def _job(generation: Generation, prompt_ids: list[int], on_token: Any) -> Job:
@@ -332,16 +336,12 @@ def _job(generation: Generation, prompt_ids: list[int], on_token: Any) -> Job:
     )
 
 
-def _token_text(tokenizer: Any, token: int) -> str:
-    return str(tokenizer.decode([token], skip_special_tokens=False))
-
-
 def _answered(tokenizer: Any, generation: Generation, job: Job, resources_id: str) -> Answered:
     return Answered(
         prompt_token_ids=job.prompt_ids,
         token_ids=job.token_ids,
         logprobs=job.logprobs,
-        tokens=[_token_text(tokenizer, t) for t in job.token_ids],
+        tokens=token_texts(tokenizer, job.token_ids),
         text=str(
             tokenizer.decode(job.token_ids, skip_special_tokens=generation.skip_special_tokens)
         ),

