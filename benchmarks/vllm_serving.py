@@ -8,7 +8,9 @@ in one run on one machine:
    cached prefix), to vLLM's own server (the one `serve --engine vllm` started, called at
    its address as a client of vLLM would: text in, ids and logprobs asked for), to
    `serve --engine vllm`'s API, and to `serve --engine torch`, on the same checkpoint
-   (tiny-chat-h32). The first two take turns on the same vLLM, --rounds rounds each.
+   (tiny-chat-h32): the median of --rounds rounds. Direct and front take turns on the same
+   vLLM, each going first every other round; the front's share is the median of the rounds'
+   ratios.
 2. Reload latency: a new checkpoint published on the resources topic -> the first answer
    by it, for a call that names the new version (as a runner's gateway does, so the call
    waits for the load): --reloads versions per engine.
@@ -159,18 +161,22 @@ async def measure_engine(
             load_args = (args.clients, args.requests, args.tokens)
             await load(url, "policy", 2, 2, args.tokens, "warm-up", {})
             if engine == "vllm":
-                direct, front = [], []
+                direct: list[float] = []
+                front: list[float] = []
                 direct_extra = {"logprobs": 0, "return_token_ids": True}
                 for round_ in range(args.rounds):
-                    direct.append(
-                        await load(state["engine_url"], "base", *load_args, f"d{round_}",
-                                   direct_extra)
-                    )  # fmt: skip
-                    front.append(await load(url, "policy", *load_args, f"f{round_}", {}))
+                    # Alternating which goes first, so a drift of the machine's load
+                    # favours neither.
+                    pair = [
+                        (direct, state["engine_url"], "base", f"d{round_}", direct_extra),
+                        (front, url, "policy", f"f{round_}", {}),
+                    ][:: 1 if round_ % 2 == 0 else -1]
+                    for rates, at, model, tag, extra in pair:
+                        rates.append(await load(at, model, *load_args, tag, extra))
                 figures["tokens/s vLLM direct"] = round(statistics.median(direct))
                 figures["tokens/s serve --engine vllm"] = round(statistics.median(front))
                 figures["front / direct"] = round(
-                    statistics.median(front) / statistics.median(direct), 3
+                    statistics.median(f / d for d, f in zip(direct, front, strict=True)), 3
                 )
             else:
                 rates = [
@@ -252,7 +258,7 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--reloads", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="also the demo's step (0: not)")
     run_benchmark(parser, main, report)
