@@ -264,8 +264,9 @@ class VllmEngine:
                 "/collective_rpc",
                 {"method": "agl_reload_weights", "kwargs": {"weights_path": str(directory)}},
             )
-            # Required: a prompt longer than a KV block was otherwise answered from the old
-            # weights' cached prefix.
+            # Required: a prompt longer than a KV block is otherwise answered from the old
+            # weights' cached prefix (test_vllm's long prompt). /pause clears the cache too in
+            # vLLM 0.32, but that is deprecated there.
             await self._post("/reset_prefix_cache")
         finally:
             await self._post("/resume")
