@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,19 @@ async def reload_latency(
     return out
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user and system) of the process `pid` and of its descendants (vLLM's)."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    own = sum(parent.cpu_times()[:2])
+    children = 0.0
+    for child in parent.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            children += sum(child.cpu_times()[:2])
+    return own, children
+
+
 def start_server(
     engine: str, kafka: KafkaSettings, log: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -163,6 +177,8 @@ async def measure_engine(
             if engine == "vllm":
                 direct: list[float] = []
                 front: list[float] = []
+                front_cpu: list[float] = []  # CPU seconds of the front's process a round
+                vllm_cpu: list[float] = []  # and of vLLM's processes
                 direct_extra = {"logprobs": 0, "return_token_ids": True}
                 for round_ in range(args.rounds):
                     # Alternating which goes first, so a drift of the machine's load
@@ -172,9 +188,20 @@ async def measure_engine(
                         (front, url, "policy", f"f{round_}", {}),
                     ][:: 1 if round_ % 2 == 0 else -1]
                     for rates, at, model, tag, extra in pair:
+                        before = cpu_seconds(process.pid)
                         rates.append(await load(at, model, *load_args, tag, extra))
+                        if rates is front:
+                            front_cpu.append(cpu_seconds(process.pid)[0] - before[0])
+                            vllm_cpu.append(cpu_seconds(process.pid)[1] - before[1])
                 figures["tokens/s vLLM direct"] = round(statistics.median(direct))
                 figures["tokens/s serve --engine vllm"] = round(statistics.median(front))
+                requests = args.clients * args.requests
+                figures["front CPU ms per call"] = round(
+                    1000 * statistics.median(front_cpu) / requests, 2
+                )
+                figures["vLLM CPU ms per call (via the front)"] = round(
+                    1000 * statistics.median(vllm_cpu) / requests, 2
+                )
                 figures["front / direct"] = round(
                     statistics.median(f / d for d, f in zip(direct, front, strict=True)), 3
                 )
@@ -236,6 +263,12 @@ def report(figures: dict[str, Any]) -> None:
         f"{figures['tokens/s serve --engine torch']} tokens/s",
     )
     console.print(table)
+    console.print(
+        f"the front's own CPU: {figures['front CPU ms per call']} ms a call; vLLM's processes: "
+        f"{figures['vLLM CPU ms per call (via the front)']} ms a call (its worker spins while "
+        "it waits, so this grows with the wall time)",
+        highlight=False,
+    )
     side = Table(title="the same, per engine", title_justify="left")
     side.add_column("")
     for engine in ENGINES:
@@ -258,7 +291,7 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--reloads", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="also the demo's step (0: not)")
     run_benchmark(parser, main, report)
