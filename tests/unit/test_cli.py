@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -187,3 +190,22 @@ def test_agent_lightning_roles_pick_the_worker() -> None:
     result = CliRunner().invoke(cli, ["worker"], env={"AGL_CURRENT_ROLE": "runner"})
     assert result.exit_code == 2
     assert "a runner needs the agent to run" in " ".join(result.output.split())
+
+
+def test_serve_refuses_vllm_arguments_it_cannot_split() -> None:
+    result = CliRunner().invoke(cli, ["serve", "--engine", "vllm", "--vllm-args", '"unclosed'])
+    assert result.exit_code == 2
+    assert "Invalid value for --vllm-args: cannot split" in result.output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_serve_names_a_model_vllm_cannot_serve(tmp_path: Path) -> None:
+    """A head size vLLM's CPU kernels refuse is a bad --model, said before vLLM starts."""
+    from agl_stream.training.model import initial_policy, save_policy
+
+    save_policy(initial_policy("tiny", 0), tmp_path / "tiny")
+    result = CliRunner().invoke(
+        cli, ["serve", "--engine", "vllm", "--model", str(tmp_path / "tiny")]
+    )
+    assert result.exit_code == 2
+    assert "attention heads of size 16; vLLM's CPU kernels take only 32" in result.output
