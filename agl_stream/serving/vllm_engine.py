@@ -298,7 +298,6 @@ class VllmEngine:
                 "model": served.model, "prompt": list(job.prompt_ids),
                 "max_tokens": job.max_tokens, "temperature": job.temperature,
                 "logprobs": 0, "return_token_ids": True, "stream": job.stream,
-                "skip_special_tokens": False,
             }  # fmt: skip
             if job.seed is not None:
                 body["seed"] = job.seed
