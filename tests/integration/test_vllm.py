@@ -389,6 +389,15 @@ async def test_a_killed_engine_fails_the_calls_in_flight_retryably_and_comes_bac
         assert "send the call again" in error["message"]
     assert gateway.counts["failed"] == len(calls)  # recorded as failed calls
 
+    # While it restarts (tens of seconds), /health says why and calls are refused at once.
+    async def down() -> bool:
+        return (await served.health())["engine_down"] is not None
+
+    await eventually(down, 60, "the policy server to see its engine down")
+    meanwhile = await complete(served.url, PROMPTS[0])
+    assert meanwhile["status"] == 503, meanwhile
+    assert "it is being restarted" in meanwhile["error"]["message"]
+
     async def back() -> bool:
         state = await served.health()
         return state["status"] == 200 and state["engine_restarts"] == restarts + 1
