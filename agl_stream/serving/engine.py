@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 
-from agl_stream.training.device import Placement, model_device
 from agl_stream.events import Checkpoint
-from agl_stream.serving.checks import CheckpointRefused
 from agl_stream.serving.engines import Job, Serving
+from agl_stream.training.device import Placement, model_device
 from agl_stream.training.local_llm import local_llm
 from agl_stream.training.model import Policy
 
