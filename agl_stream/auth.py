@@ -166,3 +166,27 @@ LOGIN_PAGE = """<!doctype html><meta charset="utf-8"><title>agl-stream: sign in<
 <input name="token" type="password" autofocus></label> <button>Sign in</button></form>
 """
 LOGIN_PATHS = frozenset({"/login"})
+
+
+def credential_refusal(request: web.Request, token: str | None, what: str) -> web.Response | None:
+    """For a route with a credential of its own (POST /rewards, the OTLP receiver): None when
+    the request carries that token; else a 401 (no bearer token) or 403 (another one). With no
+    token configured, `what` is refused with a 403 saying how to enable it."""
+    if token is None:
+        return _refused(
+            403, f"{what} is disabled on this server: start the server with a token for it",
+            "permission_error",
+        )  # fmt: skip
+    given = bearer(request)
+    if given is None:
+        return _refused(
+            401, f"{what} needs 'Authorization: Bearer <token>'", "authentication_error"
+        )
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return _refused(403, f"this token is not the token of {what}", "permission_error")
+    return None
+
+
+def _refused(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": None}}  # OpenAI's shape
+    return web.json_response(body, status=status)

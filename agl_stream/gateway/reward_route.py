@@ -22,9 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
+from agl_stream.auth import credential_refusal
 from agl_stream.events import RewardRecorded
 from agl_stream.gateway.wire import error_body
-from agl_stream.http_auth import bearer_refusal
 from agl_stream.late_rewards import REWARDS_TOPIC, BadReward, make_reward
 from agl_stream.streams import EventPublisher
 
@@ -89,7 +89,7 @@ def _reward(where: str, item: Any, session_rollout: Callable[[str], str] | None)
 
 
 class RewardEndpoint:
-    """The handler; `token` guards it (agl_stream.http_auth)."""
+    """The handler; `token` guards it (agl_stream.auth.credential_refusal)."""
 
     def __init__(
         self,
@@ -106,7 +106,7 @@ class RewardEndpoint:
         app.router.add_post("/rewards", self.handle)
 
     async def handle(self, request: web.Request) -> web.Response:
-        refused = bearer_refusal(request, self.token, "the rewards endpoint")
+        refused = credential_refusal(request, self.token, "the rewards endpoint")
         if refused is not None:
             return refused
         try:

@@ -19,9 +19,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from agl_stream.auth import credential_refusal
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import dead_letter
-from agl_stream.http_auth import bearer_refusal
 from agl_stream.kafka import consumer
 from agl_stream.metrics import WorkerMetrics
 from agl_stream.otlp.decode import JSON, PROTOBUF, OtlpError, decode_protobuf, decode_request
@@ -84,7 +84,7 @@ class OtlpReceiver:
 
     async def _traces(self, request: web.Request) -> web.Response:
         if self.token is not None:
-            refused = bearer_refusal(request, self.token, "this OTLP receiver")
+            refused = credential_refusal(request, self.token, "this OTLP receiver")
             if refused is not None:
                 return refused
         content_type = request.headers.get("Content-Type", "")
