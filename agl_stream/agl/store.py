@@ -88,6 +88,11 @@ class LastUsed(OrderedDict[str, int]):
 _WAIT_RECHECK_SECONDS = 10.0
 
 
+def _given(**values: Any) -> dict[str, Any]:
+    """The fields an update names: those not left UNSET (None is a value)."""
+    return {name: value for name, value in values.items() if not isinstance(value, Unset)}
+
+
 def _rollout_record(s: Stored) -> RolloutRecord:
     return RolloutRecord.from_body(s.body, s.revision, s.created_at)
 
@@ -631,18 +636,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         config: RolloutConfig | Unset = UNSET,
         metadata: dict[str, Any] | Unset | None = UNSET,
     ) -> Rollout:
-        given = {
-            name: value
-            for name, value in (
-                ("input", input),
-                ("mode", mode),
-                ("resources_id", resources_id),
-                ("status", status),
-                ("config", config),
-                ("metadata", metadata),
-            )
-            if not isinstance(value, Unset)
-        }
+        given = _given(
+            input=input, mode=mode, resources_id=resources_id, status=status, config=config,
+            metadata=metadata,
+        )  # fmt: skip
 
         async def work(core: Core) -> Rollout:
             record = await self._rollout(core, rollout_id)
@@ -665,16 +662,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         last_heartbeat_time: float | Unset = UNSET,
         metadata: dict[str, Any] | Unset | None = UNSET,
     ) -> Attempt:
-        given = {
-            name: value
-            for name, value in (
-                ("status", status),
-                ("worker_id", worker_id),
-                ("last_heartbeat_time", last_heartbeat_time),
-                ("metadata", metadata),
-            )
-            if not isinstance(value, Unset)
-        }
+        given = _given(
+            status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time,
+            metadata=metadata,
+        )  # fmt: skip
 
         async def work(core: Core) -> Attempt:
             record = await self._rollout(core, rollout_id)
