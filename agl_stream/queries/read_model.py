@@ -96,25 +96,7 @@ class ReadModel:
         f = filter if filter is not None else RolloutFilter.of(**options)
         if wait_for:
             await self.wait_for_offsets(wait_for)
-        query = select(*_rollout_columns())
-        for condition in _conditions(f):
-            query = query.where(condition)
-        order = _SORT_COLUMNS[f.sort]
-        if f.cursor is not None:
-            value, last_id = decode_cursor(f.cursor, f.sort, f.descending)
-            if f.sort == "id":
-                query = query.where(
-                    _R.rollout_id < last_id if f.descending else _R.rollout_id > last_id
-                )
-            else:
-                key, at = tuple_(order, _R.rollout_id), tuple_(literal(value), literal(last_id))
-                query = query.where(key < at if f.descending else key > at)
-        if f.descending:
-            query = query.order_by(order.desc(), _R.rollout_id.desc())
-        else:
-            query = query.order_by(order.asc(), _R.rollout_id.asc())
-        query = query.limit(f.limit + 1)
-        rows = await self._all(query.add_columns(order.label("_sort")))
+        rows = await self._all(rollouts_statement(f))
         more = len(rows) > f.limit
         rows = rows[: f.limit]
         cursor = None
@@ -467,3 +449,27 @@ def _health(row: Mapping[str, Any], now: datetime) -> str:
         return "stopped"
     silent = (now - row["last_heartbeat_at"]).total_seconds()
     return "alive" if silent <= 3 * row["interval_seconds"] else "stale"
+
+
+def rollouts_statement(f: RolloutFilter) -> Any:
+    """The SELECT of one page of rollouts (one row more than the page, to know there is a
+    next); migration rm0004's indexes follow its default order."""
+    query = select(*_rollout_columns())
+    for condition in _conditions(f):
+        query = query.where(condition)
+    order = _SORT_COLUMNS[f.sort]
+    if f.cursor is not None:
+        value, last_id = decode_cursor(f.cursor, f.sort, f.descending)
+        if f.sort == "id":
+            query = query.where(
+                _R.rollout_id < last_id if f.descending else _R.rollout_id > last_id
+            )
+        else:
+            key, at = tuple_(order, _R.rollout_id), tuple_(literal(value), literal(last_id))
+            query = query.where(key < at if f.descending else key > at)
+    if f.descending:
+        query = query.order_by(order.desc(), _R.rollout_id.desc())
+    else:
+        query = query.order_by(order.asc(), _R.rollout_id.asc())
+    query = query.limit(f.limit + 1)
+    return query.add_columns(order.label("_sort"))
