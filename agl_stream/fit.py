@@ -33,6 +33,7 @@ from agl_stream.demo.run import (
     DemoFailed,
     StepPoint,
     first_stopped,
+    raise_if_stopped,
     run_demo,
     workers,
 )
@@ -253,9 +254,7 @@ class Trainer:
                 val_ids = await enqueue(kafka, val_tasks, options)
 
             def died() -> None:
-                name = first_stopped(processes)
-                if name is not None:
-                    raise FitError(f"the {name} process stopped; its log is in {config.log_dir}")
+                raise_if_stopped(first_stopped(processes), config.log_dir, FitError)
 
             rows = await self._wait(database, ids + val_ids, display, died)
             result.rewards = {i: rows[i].reward for i in ids}

@@ -201,9 +201,7 @@ async def drive(
         loop = asyncio.get_running_loop()
         progressed = loop.time()
         while len(points) < config.steps:
-            died = alive()
-            if died is not None:
-                raise DemoFailed(f"the {died} process stopped; its log is in {config.log_dir}")
+            raise_if_stopped(alive(), config.log_dir)
             if loop.time() - progressed > config.stall_seconds:
                 raise DemoFailed(
                     f"no training step finished in {config.stall_seconds:.0f} s; the workers' "
@@ -244,9 +242,7 @@ async def _served(
     deadline = loop.time() + config.stall_seconds
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         while True:
-            died = alive()
-            if died is not None:
-                raise DemoFailed(f"the {died} process stopped; its log is in {config.log_dir}")
+            raise_if_stopped(alive(), config.log_dir)
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                 async with session.get(f"{url}/health") as response:
                     health = await response.json()
@@ -317,6 +313,19 @@ def run_demo(
         except DemoFailed as exc:
             failed = asyncio.run(failures(database, started))
             raise DemoFailed(f"{exc}{failed}") from None
+
+
+def raise_if_stopped(name: str | None, log_dir: Path, error: type[Exception] = DemoFailed) -> None:
+    """Raise `error` naming a worker that stopped, unless this task is being cancelled: Ctrl-C
+    reaches the workers too (one process group), and one may stop before the cancellation
+    gets through (a library awaited in between may have swallowed it). Then the run was
+    interrupted, not failed: CancelledError, which asyncio.run turns into KeyboardInterrupt."""
+    if name is None:
+        return
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    raise error(f"the {name} process stopped; its log is in {log_dir}")
 
 
 def first_stopped(processes: Mapping[str, subprocess.Popen[bytes]]) -> str | None:
