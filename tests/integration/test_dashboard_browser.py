@@ -130,7 +130,11 @@ async def test_watch_the_demo_live(
         await page.click('form.filters button[type="submit"]')
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # a page of them
         await page.screenshot(path=shots / "rollouts.png")
+        first = await rows.first.get_attribute("data-rollout")
         await page.click("button.next")
+        # Until the next page is rendered the first one shows, 50 rows too: a search typed
+        # into its form would be replaced by the next page's empty form.
+        await expect(rows.first).not_to_have_attribute("data-rollout", first or "", timeout=WAIT_MS)
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # two steps: 128 rollouts
         wanted = await rows.nth(3).get_attribute("data-rollout")
         assert wanted is not None
