@@ -171,11 +171,15 @@ def text_or_file(value: str, flag: str) -> str:
 
 
 def stop_on_signals() -> asyncio.Event:
-    """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop."""
+    """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop. A
+    process started with Ctrl-C ignored (a shell's background job, `nohup`) keeps ignoring
+    it, as its parent does: a Ctrl-C meant for a foreground job must not stop the workers
+    of a Trainer.fit or demo running in the background while their parent goes on."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
     return stop
 
 

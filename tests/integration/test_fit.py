@@ -88,6 +88,12 @@ def test_fit_refuses_what_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None
         Trainer().dev(fit_agents.greeter, train_dataset=[{}])
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A terminal's foreground job starts with Ctrl-C at its default; pytest run as a
+    background job (CI's may be) has it ignored, and the script would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("configured")
 def test_ctrl_c_stops_the_script_and_every_process_it_started(tmp_path: Path) -> None:
@@ -96,6 +102,7 @@ def test_ctrl_c_stops_the_script_and_every_process_it_started(tmp_path: Path) ->
     script = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent.parent / "fit_script.py"), str(tmp_path)],
         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -110,7 +117,7 @@ def test_ctrl_c_stops_the_script_and_every_process_it_started(tmp_path: Path) ->
     finally:
         if script.poll() is None:
             os.killpg(script.pid, signal.SIGKILL)
-    assert "KeyboardInterrupt" in output
+    assert "KeyboardInterrupt" in output, output
     alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
     assert alive == [], output[-3000:]
 
