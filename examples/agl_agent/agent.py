@@ -1,10 +1,15 @@
 """An Agent Lightning 0.3 agent, written for Agent Lightning and nothing else: it asks the
 LLM with its prompt template filled in, and scores the answer by the rules the task wanted
-("[cite]" for "Cite a source.", ...). agl-stream runs it unchanged (train.py)."""
+("[cite]" for "Cite a source.", ...). agl-stream runs it unchanged (train.py).
+
+Its one resource is the prompt template; its LLM comes from the environment (OPENAI_BASE_URL,
+OPENAI_API_KEY, AGENT_MODEL), as in Agent Lightning's own APO examples: the resources APO
+publishes for each candidate hold its prompt template and nothing else."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import agentlightning as agl
@@ -25,10 +30,10 @@ def score(task: dict[str, Any], answer: str) -> float:
 
 
 @agl.rollout
-def follow_rules(task: dict[str, Any], prompt_template: agl.PromptTemplate, llm: agl.LLM) -> float:
-    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused")
+def follow_rules(task: dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
+    client = OpenAI()
     reply = client.chat.completions.create(
-        model=llm.model,
+        model=os.environ.get("AGENT_MODEL", "tiny"),
         messages=[{"role": "user", "content": prompt_template.format(question=task["question"])}],
     )
     answer = reply.choices[0].message.content or ""
