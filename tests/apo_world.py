@@ -13,6 +13,16 @@ OpenAI-compatible HTTP endpoint whose "model" follows rules by rote:
 
 So which rewrite is better is only known by measuring it, as with a real LLM.
 
+It also plays the optimizer of Agent Lightning's own APO (examples/agl_agent/train.py), whose
+prompts (its POML files) it recognises by their content: a critique request (the template,
+then each run's chat messages or spans and reward) is answered like agl-stream's, with the
+rules the runs' questions wanted that their answers lacked, most often first; an apply-edit
+request ("Revise the ...", the template, then the critique) by the template with the rules the
+critique names stated before it (one only, the first, when asked to address ONE critique
+point). Those prompts carry no task input, and this world's questions ("question 3") say
+nothing of what they want, so the endpoint is given the answer key (question -> rules wanted)
+that a reviewer reading a real question would work out from it.
+
 `follow_rules` is the agent, written with the plain openai client.
 """
 
@@ -33,6 +43,7 @@ RULES = {"cite": "Cite a source.", "brief": "Be brief.", "polite": "Be polite."}
 WANTED = {"cite": 0.8, "brief": 0.5, "polite": 0.2}  # how often a task wants each rule
 SEED_TEMPLATE = "Answer the question: {question}"
 CALLS = web.AppKey("calls", list)  # what the endpoint was asked, in order
+ANSWER_KEY = web.AppKey("answer_key", dict)  # question -> rules it wants (Agent Lightning's APO)
 
 
 def tasks(count: int, seed: int) -> list[dict[str, Any]]:
@@ -100,18 +111,54 @@ def _rewrite(user: str) -> str:
     return f"<template>\n{RULES[rule]} {current}\n</template>"
 
 
-async def _chat(request: web.Request) -> web.Response:
-    body = await request.json()
-    messages = body["messages"]
+# Agent Lightning's APO: its runs are headed "## Experiment 1" or "## Sample Run #1 ...".
+_AGL_RUN = re.compile(r"^#+ (?:Experiment \d+|Sample Run #\d+)", re.MULTILINE)
+_AGL_EDIT = re.compile(
+    r"#+ (?:Prompt Template|PROMPT)\n\n(.*?)\n\n#+ (?:Critique|CRITIQUE)\n\n(.*)", re.DOTALL
+)
+
+
+def _agl_critique(text: str, answer_key: dict[str, list[str]]) -> str:
+    counts: Counter[str] = Counter()
+    for run in _AGL_RUN.split(text)[1:]:
+        for question in set(re.findall(r"question \d+", run)):
+            counts.update(w for w in answer_key.get(question, []) if f"[{w}]" not in run)
+    missing = [rule for rule, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    if not missing:
+        return "- The answers did what the tasks wanted."
+    return "\n".join(f"- The template never asks to: {RULES[rule]}" for rule in missing)
+
+
+def _agl_apply_edit(system: str, user: str) -> str:
+    found = _AGL_EDIT.search(user)
+    assert found is not None, user
+    template, critique = found.groups()
+    asked = re.findall(r"never asks to: (.*)", critique)  # most often first
+    if "ONE critique point" in system:
+        asked = asked[:1]
+    return " ".join([*asked, template])
+
+
+def _answer(app: web.Application, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """What the endpoint answers, and the name of the call it took it for."""
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""
     user = messages[-1]["content"]
+    text = "\n".join(m["content"] for m in messages)
     if system == CRITIQUE_SYSTEM:
-        text = _critique(user)
-    elif system == REWRITE_SYSTEM:
-        text = _rewrite(user)
-    else:
-        text = _follow(" ".join(m["content"] for m in messages))
-    request.app[CALLS].append(system[:12] or "agent")
+        return _critique(user), system[:12]
+    if system == REWRITE_SYSTEM:
+        return _rewrite(user), system[:12]
+    if system.startswith("Revise the") and _AGL_EDIT.search(user):
+        return _agl_apply_edit(system, user), "agl-edit"
+    if "critique" in text.lower() and _AGL_RUN.search(text):
+        return _agl_critique(text, app[ANSWER_KEY]), "agl-critique"
+    return _follow(text), "agent"
+
+
+async def _chat(request: web.Request) -> web.Response:
+    body = await request.json()
+    text, call = _answer(request.app, body["messages"])
+    request.app[CALLS].append(call)
     return web.json_response({
         "id": f"chatcmpl-{len(request.app[CALLS])}", "object": "chat.completion",
         "created": 0, "model": body.get("model", "rules"),
@@ -121,8 +168,10 @@ async def _chat(request: web.Request) -> web.Response:
     })  # fmt: skip
 
 
-def app() -> web.Application:
+def app(answer_key: dict[str, list[str]] | None = None) -> web.Application:
+    """The endpoint; `answer_key` (question -> rules it wants) for Agent Lightning's APO."""
     application = web.Application()
     application[CALLS] = []
+    application[ANSWER_KEY] = answer_key or {}
     application.router.add_post("/v1/chat/completions", _chat)
     return application
