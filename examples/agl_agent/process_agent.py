@@ -20,7 +20,10 @@ def post(url: str, body: Any) -> Any:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {os.environ['AGL_KEY']}",
+        },
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
@@ -41,7 +44,10 @@ def main() -> None:
     post(
         os.environ["AGL_EVENT_URL"],
         [
-            {"type": "message", "message": json.dumps({"question": task["question"], "answer": answer})},
+            {
+                "type": "message",
+                "message": json.dumps({"question": task["question"], "answer": answer}),
+            },
             {"type": "reward", "value": reward},
         ],
     )
