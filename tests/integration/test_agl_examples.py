@@ -84,7 +84,12 @@ async def train(place: Place, cwd: Path, *args: str) -> str:
         env=child_environment(place.kafka, place.database), stdout=PIPE, stderr=STDOUT,
         cwd=cwd,  # Agent Lightning's AgentOps tracer writes agentops.log where it runs
     )  # fmt: skip
-    output, _ = await asyncio.wait_for(script.communicate(), 240)
+    try:
+        output, _ = await asyncio.wait_for(script.communicate(), 240)
+    except TimeoutError:
+        script.kill()  # a hung run must not outlive the test
+        await script.wait()
+        raise
     assert script.returncode == 0, output.decode()[-4000:]
     return output.decode()
 
