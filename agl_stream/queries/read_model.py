@@ -11,7 +11,19 @@ from typing import Any
 
 import asyncpg
 from aiokafka import TopicPartition
-from sqlalchemy import ColumnElement, Text, and_, cast, func, literal, or_, select, text, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Text,
+    and_,
+    cast,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    tuple_,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agl_stream.config import DatabaseSettings
@@ -451,7 +463,7 @@ def _health(row: Mapping[str, Any], now: datetime) -> str:
     return "alive" if silent <= 3 * row["interval_seconds"] else "stale"
 
 
-def rollouts_statement(f: RolloutFilter) -> Any:
+def rollouts_statement(f: RolloutFilter) -> Select[Any]:
     """The SELECT of one page of rollouts (one row more than the page, to know there is a
     next); migration rm0004's indexes follow its default order."""
     query = select(*_rollout_columns())
