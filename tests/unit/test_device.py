@@ -5,6 +5,7 @@ a CUDA device."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -17,7 +18,14 @@ from agl_stream.config import ConfigError, TorchSettings
 from agl_stream.training.batching import TrainSample
 from agl_stream.training.device import Placement, apply_threads, placement, resolve
 from agl_stream.training.grpo import GRPO, GRPOConfig
-from agl_stream.training.model import initial_policy, load_policy, save_policy, tiny_policy
+from agl_stream.training.lora import LoraSettings, load_adapter, with_adapter
+from agl_stream.training.model import (
+    initial_policy,
+    load_policy,
+    save_policy,
+    tiny_chat_policy,
+    tiny_policy,
+)
 from agl_stream.training.sampling import sample
 
 NO_GPU = not torch.cuda.is_available()
@@ -118,3 +126,106 @@ def test_sampling_and_an_update_on_the_gpu_in_bfloat16() -> None:
     assert any(
         not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True)
     )
+
+
+@pytest.mark.gpu
+@gpu
+def test_auto_is_the_gpu_in_bfloat16_where_torch_sees_one() -> None:
+    assert resolve(TorchSettings()) == Placement("cuda:0", "bfloat16")
+    assert resolve(TorchSettings(), training=True) == Placement("cuda:0", "bfloat16")
+    assert resolve(TorchSettings(device="cuda", dtype="float16")) == Placement("cuda:0", "float16")
+    with pytest.raises(ConfigError, match=r"'cuda:99'.*numbered from 0"):
+        resolve(TorchSettings(device="cuda:99"))
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_checkpoint_loads_onto_the_gpu_in_the_dtype_asked_for(tmp_path: Path) -> None:
+    save_policy(tiny_chat_policy(seed=0), tmp_path / "ckpt")
+    policy = load_policy(tmp_path / "ckpt", Placement("cuda:0", "bfloat16"))
+    assert {(p.device.type, p.dtype) for p in policy.model.parameters()} == {
+        ("cuda", torch.bfloat16)
+    }
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_lora_adapter_trains_on_a_frozen_bfloat16_base_on_the_gpu(tmp_path: Path) -> None:
+    """Only the adapter's weights move; saved, it is the adapter alone, and loaded onto a
+    fresh base on the GPU it gives the trained model's logits."""
+    where = Placement("cuda:0", "bfloat16")
+    base = initial_policy("tiny", 0, where)
+    policy = with_adapter(base, LoraSettings(rank=4))
+    frozen = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n}
+    lora = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" in n}
+    samples = [
+        TrainSample(("r", str(i)), (1, 5 + i % 4), (4, 5 + i % 4), float(i % 2),
+                    1.0 - 2 * (i % 2), 1.0, None)
+        for i in range(8)
+    ]  # fmt: skip
+    config = GRPOConfig(micro_batch_tokens=8, gradient_checkpointing=True)
+    GRPO(policy.model, 0, config).update(samples)
+    after = dict(policy.model.named_parameters())
+    assert all(torch.equal(after[n], p) for n, p in frozen.items())
+    assert any(not torch.equal(after[n], p) for n, p in lora.items())
+    save_policy(policy, tmp_path / "adapter")
+    saved = {f.name for f in (tmp_path / "adapter").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= saved
+    assert "model.safetensors" not in saved
+    loaded = load_adapter(initial_policy("tiny", 0, where), tmp_path / "adapter", trainable=False)
+    ids = torch.tensor([[1, 6, 7, 8]], device="cuda:0")
+    with torch.no_grad():
+        expected = policy.model.eval()(input_ids=ids).logits
+        got = loaded.model.eval()(input_ids=ids).logits
+    torch.testing.assert_close(got, expected)  # bfloat16's tolerances
+
+
+@pytest.mark.gpu
+@gpu
+async def test_the_policy_server_answers_from_the_gpu_as_transformers_does(tmp_path: Path) -> None:
+    """`serve --device cuda`: a published checkpoint is loaded onto the GPU and its greedy
+    answer is transformers' own generate() on the same weights there (float32, so that the
+    two paths' kernels cannot turn a near tie the other way)."""
+    import aiohttp
+
+    from agl_stream.events import Checkpoint, ResourcesPublished
+    from agl_stream.resources import ResourceCache
+    from agl_stream.serving.server import PolicyServer
+    from agl_stream.training.model import content_hash
+
+    where = Placement("cuda:0", "float32")
+    save_policy(tiny_chat_policy(seed=3), tmp_path / "v1")
+    checkpoint = Checkpoint(
+        uri=(tmp_path / "v1").as_uri(), content_hash=content_hash(tmp_path / "v1")
+    )
+    cache = ResourceCache()
+    server = PolicyServer(placement=where)
+    following = asyncio.create_task(server.follow(cache, "policy", None))
+    url = await server.start("127.0.0.1", 0)
+    try:
+        cache.apply(
+            ResourcesPublished(resources_id="v1", version=1, resources={"policy": checkpoint})
+        )
+        while server.resources_id != "v1":
+            await asyncio.wait_for(server._moved.wait(), 60)
+        body = {"model": "policy", "prompt": "<|user|>hi<|end|><|assistant|>", "max_tokens": 8,
+                "temperature": 0}  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/completions", json=body) as response,
+        ):
+            assert response.status == 200, await response.text()
+            choice = (await response.json())["choices"][0]
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+        await server.stop()
+    reference = load_policy(tmp_path / "v1", where)
+    prompt = torch.tensor([choice["prompt_token_ids"]], device="cuda:0")
+    with torch.no_grad():
+        out = reference.model.eval().generate(
+            prompt, max_new_tokens=8, do_sample=False,
+            pad_token_id=reference.tokenizer.pad_token_id,
+            eos_token_id=reference.tokenizer.eos_token_id,
+        )  # fmt: skip
+    assert choice["token_ids"] == out[0, prompt.shape[1] :].tolist()
