@@ -1,7 +1,9 @@
 """Agent Lightning 0.3's store API on agl-stream (optional extra `agl`: agentlightning==0.3.0).
 
 `AglStreamStore` is a LightningStore whose state is agl-stream's topics and read model;
-`agl-stream store` serves it over Agent Lightning's HTTP store protocol.
+`agl-stream store` serves it over Agent Lightning's HTTP store protocol. Importing it lets
+Agent Lightning's OTLP exporter reach a store with OpenTelemetry's HTTP exporter 1.45
+(`otlp_compat`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ with warnings.catch_warnings():
             "agl_stream.agl needs Agent Lightning 0.3: pip install 'agl-stream[agl]'"
         ) from exc
 
+from agl_stream.agl import otlp_compat
 from agl_stream.agl.server import TokenStoreClient
 from agl_stream.agl.store import AglStreamStore
+
+# Runner processes forked or started from a script that imports this package export their
+# spans to the store through Agent Lightning's OTLP exporter: see otlp_compat.
+otlp_compat.apply()
 
 __all__ = ["AglStreamStore", "TokenStoreClient"]

@@ -1,5 +1,6 @@
 """Topics, a database and an AglStreamStore shared by a module's tests (each store start joins a
-consumer group and opens a transaction: seconds, not worth paying per test)."""
+consumer group and opens a transaction: seconds, not worth paying per test), and the scripted
+LLM the agents of Agent Lightning's tests call."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
+from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 import agl_stream.agl  # noqa: F401  (first: it imports Agent Lightning quietly)
@@ -18,6 +20,7 @@ from agl_stream.config import DatabaseSettings, KafkaSettings, load
 from agl_stream.db.migrate import migrate
 from agl_stream.kafka import admin_client
 from agl_stream.topic_admin import apply_topics
+from tests import apo_world
 from tests.integration.backends import Backend
 
 _tracer = TracerProvider().get_tracer("agl-store-tests")
@@ -55,6 +58,28 @@ async def fresh_place(backend: Backend) -> AsyncIterator[Place]:
             names = [t for t in await admin.list_topics() if t.startswith(kafka.topic_prefix)]
             with contextlib.suppress(Exception):  # cleanup is best effort
                 await asyncio.wait_for(admin.delete_topics(names), 10)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    app: web.Application
+
+
+@contextlib.asynccontextmanager
+async def rules_llm_endpoint(
+    answer_key: dict[str, list[str]] | None = None,
+) -> AsyncIterator[Endpoint]:
+    """The tests' scripted rule-following model (tests/apo_world.py), on a free port."""
+    app = apo_world.app(answer_key=answer_key)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield Endpoint(f"http://{host}:{port}/v1", app)
+    finally:
+        await runner.cleanup()
 
 
 def otel_span(name: str = "step", **attributes: object) -> ReadableSpan:

@@ -1,7 +1,8 @@
 """`agl-stream store` speaking Agent Lightning's HTTP store protocol: Agent Lightning's own
 LightningStoreClient and an OTLP/HTTP exporter against the CLI server (found through
-AGENT_LIGHTNING_STORE_URL), through the real broker and database; bad requests get a 4xx
-with the reason; a server killed with SIGKILL and started again has lost nothing."""
+AGENT_LIGHTNING_STORE_URL), through the real broker and database; Agent Lightning's runner in a
+process of its own, whose agent's LLM call arrives as a span; bad requests get a 4xx with the
+reason; a server killed with SIGKILL and started again has lost nothing."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ import os
 import signal
 import socket
 import sys
+from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 
 from agl_stream.agl.env import otlp_endpoint
 from agl_stream.config import child_environment
-from tests.integration.agl_fixtures import Place, fresh_place
+from tests.integration.agl_fixtures import Place, fresh_place, rules_llm_endpoint
 from tests.integration.backends import Backend
 
+from agentlightning.reward import find_final_reward  # isort: skip
 from agentlightning.store.client_server import LightningStoreClient  # isort: skip
-from agentlightning.types import LLM, OtelResource, Span, TraceStatus  # isort: skip
+from agentlightning.types import LLM, OtelResource, PromptTemplate, Span, TraceStatus  # isort: skip
+
+RUNNER = Path(__file__).parent.parent / "agl_runner.py"
 
 
 def free_port() -> int:
@@ -148,6 +155,58 @@ async def test_otlp_traces_reach_the_attempt(served: Served) -> None:
         spans = await client.query_spans(rid)
         assert [(s.name, s.attributes.get("n"), s.sequence_id) for s in spans] == [("tool", 3, 1)]
         assert (await client.get_rollout_by_id(rid)).status == "running"  # type: ignore[union-attr]
+    finally:
+        await client.close()
+
+
+async def test_a_runner_process_sends_its_agents_llm_call_as_a_span(
+    served: Served, tmp_path: Path
+) -> None:
+    """Agent Lightning's runner in a process of its own (tests/agl_runner.py: its Trainer in
+    the runner role, LightningStoreClient, the AgentOps tracer) runs an agent that asks an LLM:
+    the call arrives as a span of the rollout, with its model, prompt and answer, beside the
+    reward. The runner sends it through Agent Lightning's OTLP exporter, which OpenTelemetry's
+    HTTP exporter 1.45 broke (agl_stream.agl.otlp_compat mends it)."""
+    template = "Cite a source. Answer the question: {question}"
+    task = {"question": "question 1", "wants": ["cite"]}
+    address = urlsplit(served.url)
+    client = LightningStoreClient(served.url)
+    try:
+        await drain(client)
+        resources = await client.add_resources(
+            {"prompt_template": PromptTemplate(template=template, engine="f-string")}
+        )
+        queued = await client.enqueue_rollout(
+            input=task, mode="train", resources_id=resources.resources_id
+        )
+        async with rules_llm_endpoint() as llm:
+            env = {
+                **os.environ, "AGL_SERVER_HOST": str(address.hostname),
+                "AGL_SERVER_PORT": str(address.port), "OPENAI_BASE_URL": llm.url,
+                "OPENAI_API_KEY": "unused", "AGENT_MODEL": "rules",
+            }  # fmt: skip
+            runner = await asyncio.create_subprocess_exec(
+                sys.executable, str(RUNNER), "1", env=env, stdout=PIPE, stderr=STDOUT,
+                cwd=tmp_path,  # the AgentOps tracer writes agentops.log where it runs
+            )  # fmt: skip
+            try:
+                output, _ = await asyncio.wait_for(runner.communicate(), 120)
+            except TimeoutError:
+                runner.kill()  # a hung runner must not outlive the test
+                await runner.wait()
+                raise
+        assert runner.returncode == 0, output.decode()[-4000:]
+        (attempt,) = await client.query_attempts(queued.rollout_id)
+        assert attempt.status == "succeeded", output.decode()[-4000:]
+        spans = await client.query_spans(queued.rollout_id)
+        names = [s.name for s in spans]
+        assert "openai.chat.completion" in names, names  # only the reward, without the shim
+        (call,) = [s for s in spans if s.name == "openai.chat.completion"]
+        assert call.attempt_id == attempt.attempt_id
+        assert call.attributes["gen_ai.request.model"] == "rules"
+        assert call.attributes["gen_ai.prompt.0.content"] == template.format(**task)
+        assert "[cite]" in str(call.attributes["gen_ai.completion.0.content"])
+        assert find_final_reward(list(spans)) == 1.0
     finally:
         await client.close()
 
