@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--batch-timeout", type=float, default=600.0, help="seconds per batch")
     parser.add_argument("--seed", type=int, default=0, help="APO's sampling (Python's random)")
     parser.add_argument("--tasks", type=int, default=8, help="half train, half validation")
-    parser.add_argument("--runners", type=int, default=2, help="Baseline's runner processes")
+    parser.add_argument("--runners", type=int, default=2, help="runner processes")
     parser.add_argument("--template", default=SEED_TEMPLATE, help="the seed prompt template")
     args = parser.parse_args()
 
@@ -83,21 +83,15 @@ def main() -> None:
     optimizer = apo(args) if args.algorithm == "apo" else None
     algorithm: agl.Algorithm
     if optimizer is not None:
-        # APO critiques the rollouts' chat messages, which this adapter reads from their spans.
-        # Its runner is a thread of this process (Agent Lightning's own APO example runs them
-        # so), whose tracer hands the spans to the store itself. A runner process is given a
-        # LightningStoreClient, and its tracer sends spans by OTLP through an exporter that
-        # OpenTelemetry's HTTP exporter 1.4x no longer lets it aim: only rewards would arrive.
-        # One thread: Agent Lightning 0.3's active tracer is one per process (a second
-        # runner thread's rollouts fail: "An active tracer is already set").
+        # APO critiques the rollouts' chat messages, which this adapter reads from their spans:
+        # the runner processes send them to the store by OTLP (importing agl_stream.agl lets
+        # Agent Lightning's exporter do so with OpenTelemetry's HTTP exporter 1.45).
         algorithm, adapter = optimizer, TraceToMessages()
-        strategy: dict[str, Any] = {"type": "shm", "n_runners": 1, "main_thread": "algorithm"}
     else:
         algorithm, adapter = agl.Baseline(n_epochs=1, polling_interval=0.2), None
-        strategy = {"type": "cs", "n_runners": args.runners}
     trainer = agl.Trainer(
         algorithm=algorithm,
-        strategy=strategy,
+        strategy={"type": "cs", "n_runners": args.runners},  # runner processes, store over HTTP
         store=store,
         initial_resources={
             "prompt_template": agl.PromptTemplate(template=args.template, engine="f-string")

@@ -1,6 +1,7 @@
-"""examples/agl_agent, both ways: Agent Lightning 0.3's Trainer (its runners, tracer, and its APO
-or Baseline algorithm) run unchanged on AglStreamStore, its records still there for a new store
-after the script ended; and the same agent as a process agent under `worker --agent-command`.
+"""examples/agl_agent, both ways: Agent Lightning 0.3's Trainer (its runner processes, tracer, and
+its APO or Baseline algorithm) run unchanged on AglStreamStore, its records, each rollout's LLM
+call among its spans, still there for a new store after the script ended; and the same agent as
+a process agent under `worker --agent-command`.
 The LLM, the agent's and APO's, is the tests' scripted rule-following endpoint
 (tests/apo_world.py)."""
 
@@ -13,25 +14,23 @@ import statistics
 import sys
 from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from agl_stream.agl import AglStreamStore
 from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.events import LLM, AttemptStatus, PromptTemplate
 from tests import apo_world
-from tests.integration.agl_fixtures import Place, fresh_place
+from tests.integration.agl_fixtures import Endpoint, Place, fresh_place, rules_llm_endpoint
 from tests.integration.backends import Backend
 from tests.integration.runs import publish_resources, queue, wait_terminal
-from tests.integration.test_agl_server import free_port
 
 EXAMPLE = Path(__file__).parent.parent.parent / "examples" / "agl_agent"
 TEMPLATE = "Cite a source. Answer the question: {question}"
 TASKS = [json.loads(line) for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()]
+LLM_CALL = "openai.chat.completion"  # the span of the agent's LLM call (AgentOps' name)
 
 
 def example_tasks(count: int) -> list[dict[str, Any]]:
@@ -58,23 +57,10 @@ def expected_reward(task: dict[str, object]) -> float:
     return reward_of(TEMPLATE, task)  # the template asks only to cite
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    url: str
-    app: web.Application
-
-
 @pytest.fixture(scope="module")
 async def rules_llm() -> AsyncIterator[Endpoint]:
-    app = apo_world.app(answer_key={t["question"]: t["wants"] for t in APO_TASKS})
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield Endpoint(f"http://127.0.0.1:{port}/v1", app)
-    finally:
-        await runner.cleanup()
+    async with rules_llm_endpoint({t["question"]: t["wants"] for t in APO_TASKS}) as endpoint:
+        yield endpoint
 
 
 async def train(place: Place, cwd: Path, *args: str) -> str:
@@ -128,6 +114,7 @@ async def test_agent_lightnings_apo_runs_unchanged_and_publishes_a_better_templa
                 assert spans and [s.sequence_id for s in spans] == sorted(
                     s.sequence_id for s in spans
                 )
+                assert LLM_CALL in [s.name for s in spans]  # what APO's critique reads
                 reward = find_final_reward(list(spans))
                 resources = await store.get_resources_by_id(rollout.resources_id or "")
                 assert resources is not None
@@ -179,6 +166,7 @@ async def test_agent_lightnings_baseline_runs_unchanged_and_its_records_outlive_
                 assert spans and [s.sequence_id for s in spans] == sorted(
                     s.sequence_id for s in spans
                 )
+                assert LLM_CALL in [s.name for s in spans]
                 assert find_final_reward(list(spans)) == expected_reward(rollout.input)
             workers = await store.query_workers()
             # Each runner asked for work under its worker id (its heartbeats may not have
