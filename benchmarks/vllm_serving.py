@@ -81,9 +81,17 @@ async def serving(session: aiohttp.ClientSession, url: str, resources_id: str) -
 
 
 async def load(
-    url: str, model: str, clients: int, requests: int, tokens: int, tag: str, extra: dict[str, Any]
+    url: str,
+    model: str,
+    clients: int,
+    requests: int,
+    tokens: int,
+    tag: str,
+    extra: dict[str, Any],
+    tokenizer: Any = None,
 ) -> float:
-    """Tokens/s of `clients` clients sending `requests` completions each."""
+    """Tokens/s of `clients` clients sending `requests` completions each (with `tokenizer`:
+    the prompt as the token ids the policy server would send, not as text)."""
     generated = 0
 
     async def client(session: aiohttp.ClientSession, index: int) -> None:
@@ -93,6 +101,8 @@ async def load(
                 "model": model, "prompt": f"{tag} client {index} request {n}:",
                 "max_tokens": tokens, "temperature": 0, **extra,
             }  # fmt: skip
+            if tokenizer is not None:
+                body["prompt"] = tokenizer(body["prompt"], add_special_tokens=False)["input_ids"]
             async with session.post(f"{url}/v1/completions", json=body) as response:
                 answer = await response.json()
                 assert response.status == 200, answer
@@ -180,16 +190,17 @@ async def measure_engine(
                 front_cpu: list[float] = []  # CPU seconds of the front's process a round
                 vllm_cpu: list[float] = []  # and of vLLM's processes
                 direct_extra = {"logprobs": 0, "return_token_ids": True}
+                as_ids = initial_policy(MODEL, 0).tokenizer if args.direct_ids else None
                 for round_ in range(args.rounds):
                     # Alternating which goes first, so a drift of the machine's load
                     # favours neither.
                     pair = [
-                        (direct, state["engine_url"], "base", f"d{round_}", direct_extra),
-                        (front, url, "policy", f"f{round_}", {}),
+                        (direct, state["engine_url"], "base", f"d{round_}", direct_extra, as_ids),
+                        (front, url, "policy", f"f{round_}", {}, None),
                     ][:: 1 if round_ % 2 == 0 else -1]
-                    for rates, at, model, tag, extra in pair:
+                    for rates, at, model, tag, extra, ids in pair:
                         before = cpu_seconds(process.pid)
-                        rates.append(await load(at, model, *load_args, tag, extra))
+                        rates.append(await load(at, model, *load_args, tag, extra, ids))
                         if rates is front:
                             front_cpu.append(cpu_seconds(process.pid)[0] - before[0])
                             vllm_cpu.append(cpu_seconds(process.pid)[1] - before[1])
@@ -202,6 +213,9 @@ async def measure_engine(
                 figures["vLLM CPU ms per call (via the front)"] = round(
                     1000 * statistics.median(vllm_cpu) / requests, 2
                 )
+                figures["rounds (direct, front) tokens/s"] = [
+                    (round(d), round(f)) for d, f in zip(direct, front, strict=True)
+                ]
                 figures["front / direct"] = round(
                     statistics.median(f / d for d, f in zip(direct, front, strict=True)), 3
                 )
@@ -229,6 +243,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "model": MODEL, "clients": args.clients, "requests_per_client": args.requests,
         "tokens_per_request": args.tokens, "rounds": args.rounds,
+        "direct prompt": "token ids" if args.direct_ids else "text",
     }  # fmt: skip
     for engine in ("vllm", "torch"):
         await measure_engine(engine, args, root, figures)
@@ -294,4 +309,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--reloads", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0, help="also the demo's step (0: not)")
+    parser.add_argument(
+        "--direct-ids",
+        action="store_true",
+        help="call vLLM directly with the prompt's token ids, as the front does (default: text)",
+    )
     run_benchmark(parser, main, report)
