@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from asyncio.subprocess import PIPE, STDOUT
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 from aiohttp import web
@@ -24,6 +27,25 @@ from tests import apo_world
 from tests.integration.backends import Backend
 
 _tracer = TracerProvider().get_tracer("agl-store-tests")
+
+
+async def run_script(
+    *args: str, env: Mapping[str, str], cwd: Path, seconds: float
+) -> tuple[int, str]:
+    """Run a Python script to its end in a process of its own: its exit code and what it
+    printed. One that outlives `seconds` is killed, not left running after the test.
+    (`cwd`: Agent Lightning's AgentOps tracer writes agentops.log where it runs.)"""
+    script = await asyncio.create_subprocess_exec(
+        sys.executable, *args, env=dict(env), stdout=PIPE, stderr=STDOUT, cwd=cwd
+    )
+    try:
+        output, _ = await asyncio.wait_for(script.communicate(), seconds)
+    except TimeoutError:
+        script.kill()
+        await script.wait()
+        raise
+    assert script.returncode is not None
+    return script.returncode, output.decode()
 
 
 @dataclass(frozen=True)

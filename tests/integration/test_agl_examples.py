@@ -23,7 +23,13 @@ from agl_stream.agl import AglStreamStore
 from agl_stream.config import KafkaSettings, child_environment
 from agl_stream.events import LLM, AttemptStatus, PromptTemplate
 from tests import apo_world
-from tests.integration.agl_fixtures import Endpoint, Place, fresh_place, rules_llm_endpoint
+from tests.integration.agl_fixtures import (
+    Endpoint,
+    Place,
+    fresh_place,
+    rules_llm_endpoint,
+    run_script,
+)
 from tests.integration.backends import Backend
 from tests.integration.runs import publish_resources, queue, wait_terminal
 
@@ -65,19 +71,10 @@ async def rules_llm() -> AsyncIterator[Endpoint]:
 
 async def train(place: Place, cwd: Path, *args: str) -> str:
     """Run examples/agl_agent/train.py to its end; what it printed."""
-    script = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE / "train.py"), *args,
-        env=child_environment(place.kafka, place.database), stdout=PIPE, stderr=STDOUT,
-        cwd=cwd,  # Agent Lightning's AgentOps tracer writes agentops.log where it runs
-    )  # fmt: skip
-    try:
-        output, _ = await asyncio.wait_for(script.communicate(), 240)
-    except TimeoutError:
-        script.kill()  # a hung run must not outlive the test
-        await script.wait()
-        raise
-    assert script.returncode == 0, output.decode()[-4000:]
-    return output.decode()
+    env = child_environment(place.kafka, place.database)
+    code, output = await run_script(str(EXAMPLE / "train.py"), *args, env=env, cwd=cwd, seconds=240)
+    assert code == 0, output[-4000:]
+    return output
 
 
 async def test_agent_lightnings_apo_runs_unchanged_and_publishes_a_better_template(

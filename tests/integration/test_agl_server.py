@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import sys
-from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 
 from agl_stream.agl.env import otlp_endpoint
 from agl_stream.config import child_environment
-from tests.integration.agl_fixtures import Place, fresh_place, rules_llm_endpoint
+from tests.integration.agl_fixtures import Place, fresh_place, rules_llm_endpoint, run_script
 from tests.integration.backends import Backend
 
 from agentlightning.reward import find_final_reward  # isort: skip
@@ -185,19 +184,10 @@ async def test_a_runner_process_sends_its_agents_llm_call_as_a_span(
                 "AGL_SERVER_PORT": str(address.port), "OPENAI_BASE_URL": llm.url,
                 "OPENAI_API_KEY": "unused", "AGENT_MODEL": "rules",
             }  # fmt: skip
-            runner = await asyncio.create_subprocess_exec(
-                sys.executable, str(RUNNER), "1", env=env, stdout=PIPE, stderr=STDOUT,
-                cwd=tmp_path,  # the AgentOps tracer writes agentops.log where it runs
-            )  # fmt: skip
-            try:
-                output, _ = await asyncio.wait_for(runner.communicate(), 120)
-            except TimeoutError:
-                runner.kill()  # a hung runner must not outlive the test
-                await runner.wait()
-                raise
-        assert runner.returncode == 0, output.decode()[-4000:]
+            code, output = await run_script(str(RUNNER), "1", env=env, cwd=tmp_path, seconds=120)
+        assert code == 0, output[-4000:]
         (attempt,) = await client.query_attempts(queued.rollout_id)
-        assert attempt.status == "succeeded", output.decode()[-4000:]
+        assert attempt.status == "succeeded", output[-4000:]
         spans = await client.query_spans(queued.rollout_id)
         names = [s.name for s in spans]
         assert "openai.chat.completion" in names, names  # only the reward, without the shim
