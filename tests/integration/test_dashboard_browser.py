@@ -127,6 +127,9 @@ async def test_watch_the_demo_live(
         await expect(page.locator(".empty")).to_have_text("No rollout matches.", timeout=WAIT_MS)
         await page.select_option('select[name="status"]', ["succeeded"])
         await page.select_option('select[name="mode"]', "train")
+        # A live update between the choice and the click (the read model changes all the
+        # time) re-renders the form: it must keep what was chosen but not yet applied.
+        await page.evaluate("async () => { document.activeElement.blur(); await render(true); }")
         await page.click('form.filters button[type="submit"]')
         await expect(rows).to_have_count(50, timeout=WAIT_MS)  # a page of them
         await page.screenshot(path=shots / "rollouts.png")

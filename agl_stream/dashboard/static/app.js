@@ -3,7 +3,7 @@
 "use strict";
 
 const view = document.getElementById("view");
-const state = { rollouts: { filters: {}, cursors: [null] }, selectedSpan: null };
+const state = { rollouts: { filters: {}, form: {}, cursors: [null] }, selectedSpan: null };
 
 const el = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);
@@ -96,27 +96,39 @@ async function runsView() {
 
 const STATUSES = ["queuing", "requeuing", "running", "succeeded", "failed", "cancelled"];
 
+// The form shows what the person chose, applied or not: a live update that re-renders the
+// view while they choose keeps their choices (state.rollouts.form), and Filter applies them.
+function formValues(form) {
+  const data = new FormData(form);
+  const text = (name) => data.get(name) || "";
+  return { status: data.getAll("status"), mode: text("mode"), worker_id: text("worker_id"), metadata: text("metadata"), since: text("since"), id: text("id") };
+}
+
+function filtersFrom(f) {
+  return {
+    status: f.status, mode: f.mode, worker_id: f.worker_id, metadata: f.metadata.split(/\s+/).filter(Boolean),
+    since: f.since ? new Date(f.since).toISOString() : "", id: f.id,
+  };
+}
+
 function filtersForm() {
-  const f = state.rollouts.filters;
+  const f = state.rollouts.form;
+  const remember = (event) => { state.rollouts.form = formValues(event.currentTarget); };
   const submit = (event) => {
     event.preventDefault();
-    const data = new FormData(event.target);
-    state.rollouts.filters = {
-      status: data.getAll("status"), mode: data.get("mode"), worker_id: data.get("worker_id"),
-      metadata: data.get("metadata") ? data.get("metadata").split(/\s+/).filter(Boolean) : [],
-      since: data.get("since") ? new Date(data.get("since")).toISOString() : "", id: data.get("id"),
-    };
+    state.rollouts.form = formValues(event.target);
+    state.rollouts.filters = filtersFrom(state.rollouts.form);
     state.rollouts.cursors = [null];
     render();
   };
-  return el("form", { class: "filters", onsubmit: submit },
+  return el("form", { class: "filters", onsubmit: submit, oninput: remember, onchange: remember },
     el("label", {}, "status", el("select", { name: "status", multiple: "", size: 3 },
       STATUSES.map((s) => el("option", { value: s, ...((f.status || []).includes(s) ? { selected: "" } : {}) }, s)))),
     el("label", {}, "mode", el("select", { name: "mode" }, ["", "train", "val", "test"].map((m) =>
-      el("option", { value: m, ...(f.mode === m ? { selected: "" } : {}) }, m || "any")))),
+      el("option", { value: m, ...((f.mode || "") === m ? { selected: "" } : {}) }, m || "any")))),
     el("label", {}, "worker", el("input", { name: "worker_id", value: f.worker_id || "" })),
-    el("label", {}, "metadata k=v", el("input", { name: "metadata", value: (f.metadata || []).join(" ") })),
-    el("label", {}, "updated since", el("input", { name: "since", type: "datetime-local" })),
+    el("label", {}, "metadata k=v", el("input", { name: "metadata", value: f.metadata || "" })),
+    el("label", {}, "updated since", el("input", { name: "since", type: "datetime-local", value: f.since || "" })),
     el("label", {}, "rollout id", el("input", { name: "id", value: f.id || "", placeholder: "search by id" })),
     el("button", { type: "submit" }, "Filter"));
 }
