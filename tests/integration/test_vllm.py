@@ -340,14 +340,37 @@ async def test_a_bad_checkpoint_is_refused_and_the_old_version_keeps_serving(
     await check_answers(served, policies[1], good)
 
 
-def engine_core(served: Served) -> int:
-    """The pid of vLLM's engine core process under the policy server."""
+def vllm_process(served: Served, title: str) -> int:
+    """The pid of vLLM's process titled `title` under the policy server."""
     import psutil
 
     for child in psutil.Process(served.process.pid).children(recursive=True):
-        if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+        if title in " ".join(child.cmdline()) or title in child.name():
             return int(child.pid)
-    raise AssertionError("no vLLM engine core under the policy server")
+    raise AssertionError(f"no vLLM {title} under the policy server")
+
+
+def engine_core(served: Served) -> int:
+    return vllm_process(served, "EngineCore")
+
+
+async def test_vllms_scheduler_runs_beside_its_worker_where_cpus_are_few(
+    served: Served, policies: dict[int, Policy]
+) -> None:
+    """vllm_placement: on 2 CPUs the busy-waiting scheduler leaves the other CPU to the
+    calls (benchmarks.vllm_serving measures what that is worth)."""
+    name = f"placed-{uuid.uuid4().hex[:6]}"
+    await served.publish(name, policy=checkpoint_of(policies[1], served.root / name))
+    await served.serving(name)
+    core, worker = engine_core(served), vllm_process(served, "VLLM::Worker")
+    worker_cpus = os.sched_getaffinity(worker)
+    if len(os.sched_getaffinity(0) - worker_cpus) >= 2:
+        pytest.skip("two CPUs or more outside vLLM's worker's: auto leaves its scheduler be")
+    for thread in map(int, os.listdir(f"/proc/{core}/task")):
+        assert os.sched_getaffinity(thread) == worker_cpus
+        assert os.getpriority(os.PRIO_PROCESS, thread) == 19
+    where = ",".join(map(str, sorted(worker_cpus)))
+    assert f"runs beside its worker on CPU {where} at nice 19" in served.log.read_text()
 
 
 async def test_a_killed_engine_fails_the_calls_in_flight_retryably_and_comes_back(
