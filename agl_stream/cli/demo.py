@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
-from agl_stream.cli.stack import bring_up, home_option
+from agl_stream.cli.stack import home_option
 from agl_stream.config import DatabaseSettings
 from agl_stream.embedded.process import free_port
 
@@ -82,9 +82,11 @@ def demo(
     from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
 
     started = time.monotonic()
+    from agl_stream.embedded.ready import ready_stack
+
     with console.status("starting the embedded stack..."):
-        stack, started_stack = bring_up(app, home)
-    kafka, database = app.kafka(), app.database()
+        ready = ready_stack(home, app.topic_prefix)  # at the ports it was told, not the defaults
+    kafka, database = ready.kafka, ready.database
     port = None if no_dashboard else _dashboard_port(dashboard_port)
     config = DemoConfig(
         steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness,
@@ -116,9 +118,9 @@ def demo(
                 raise click.ClickException(str(exc)) from None
         rollouts = asyncio.run(_rollout_counts(database))
     finally:
-        if started_stack and not keep_stack:
+        if ready.started and not keep_stack:
             with console.status("stopping the embedded stack..."):
-                stack.down()
+                ready.stack.down()
     png = plot_rewards(points, config.out_dir / config.run_name / "reward-curve.png", config)
     table = Table(title=f"demo {config.run_name}", show_header=False, title_justify="left")
     for name, value in summary_rows(points):

@@ -10,7 +10,6 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors, run
 from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import migrate
-from agl_stream.embedded.ready import ready_stack
 from agl_stream.embedded.stack import EmbeddedStack
 from agl_stream.topic_admin import apply_topics
 
@@ -85,13 +84,6 @@ def up(
     for key, value in state.environment().items():
         console.print(f"  export {key}={value}", highlight=False, soft_wrap=True)
     console.print(f"(or `source {Path(state.home) / 'env'}`)", highlight=False)
-
-
-def bring_up(app: AppContext, home: Path | None) -> tuple[EmbeddedStack, bool]:
-    """Start the embedded stack unless it runs; topics and schema applied either way.
-    Returns the stack and whether this call started it."""
-    ready = ready_stack(home, app.topic_prefix)
-    return ready.stack, ready.started
 
 
 @click.command()

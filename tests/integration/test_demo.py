@@ -4,8 +4,14 @@ and the reward rises clearly."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,10 +22,48 @@ from agl_stream.demo.curve import plot_rewards, tenths
 from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, failures, run_demo
 from agl_stream.queries import ReadModel
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+from tests.integration.backends import Backend
 from tests.integration.projection import projector_in_process
 from tests.integration.runs import queue, runner_in_process
 
 pytestmark = pytest.mark.slow
+
+
+async def _rollouts(database_url: str) -> int:
+    """Rollouts in the read model of the database at `database_url` (none before one)."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        async with ReadModel.open(DatabaseSettings(database_url=database_url)) as model:
+            return sum((await model.status_counts()).values())
+    except DBAPIError:  # no database or no read model yet: the demo's migration makes them
+        return 0
+
+
+async def test_the_demo_command_runs_on_the_stack_at_the_ports_it_is_told(
+    embedded_backend: Backend, tmp_path: Path
+) -> None:
+    """`agl-stream demo` with AGL_STREAM_BROKER_PORT and AGL_STREAM_POSTGRES_PORT (the
+    defaults taken by something else, say) runs on the stack at those ports, here the tests'
+    own, running already: it once connected to the default 19092 whatever they said."""
+    stack = embedded_backend.stack
+    if stack is None:
+        pytest.skip("the tests run on a configured broker, not on a stack of their own")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_STREAM_")}
+    env.update(
+        AGL_STREAM_HOME=str(stack.settings.home),
+        AGL_STREAM_BROKER_PORT=str(stack.settings.broker_port),
+        AGL_STREAM_POSTGRES_PORT=str(stack.settings.postgres_port),
+        AGL_STREAM_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:10]}.",
+    )
+    before = await _rollouts(embedded_backend.database_url)
+    command = [sys.executable, "-m", "agl_stream.cli.main", "demo", "--steps", "2",
+               "--runners", "1", "--no-dashboard", "--out", str(tmp_path)]  # fmt: skip
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=600)
+    done = await asyncio.to_thread(run, command, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert stack.running() is not None  # it found the stack running, so left it running
+    assert await _rollouts(embedded_backend.database_url) == before + 2 * 8 * 8
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1], ids=["on-policy", "overlapped"])
