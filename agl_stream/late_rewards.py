@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from agl_stream.config import KafkaSettings, load
 from agl_stream.events import DEFAULT_REWARD_NAME, RewardRecorded
 from agl_stream.kafka import producer
+from agl_stream.rewards import given_at_problem
 from agl_stream.streams import EventPublisher, Topics
 
 REWARDS_TOPIC = "rollouts"
@@ -56,6 +57,9 @@ def make_reward(
         "span_id": span_id, "source": source, "metadata": dict(metadata or {}),
     }  # fmt: skip
     if given_at is not None:
+        problem = given_at_problem(given_at, datetime.now(UTC))
+        if problem is not None:
+            raise BadReward(f"not a valid reward: {problem}")
         fields["occurred_at"] = given_at
     if event_id is not None:
         fields["event_id"] = event_id

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 AGL_REWARD = "agl.reward"  # emit_reward's span; its attribute of the same name is the reward
@@ -63,10 +64,39 @@ def _json_object(value: Any) -> Mapping[str, Any] | None:
 
 UNKNOWN_ROLLOUT = "unknown_rollout"
 UNKNOWN_ATTEMPT = "unknown_attempt"
+FUTURE_REWARD = "future_reward"
+# How far ahead of the clock a reward's time may be (clocks drift; a reward from the far
+# future would stay "the newest" for good).
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+
+
+def record_time(timestamp_ms: int) -> datetime | None:
+    """A record's broker timestamp as a time (None where it is out of datetime's range)."""
+    try:
+        return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def given_at_problem(given_at: datetime, now: datetime) -> str | None:
+    """Why a reward's time cannot be taken (no time zone, or later than `now` by more than
+    clocks drift), or None."""
+    if given_at.tzinfo is None:
+        return "given_at needs a time zone (e.g. 2026-11-27T10:00:00Z)"
+    if given_at > now + MAX_CLOCK_SKEW:
+        return (
+            f"given_at {given_at.isoformat()} is in the future (now is {now.isoformat()}; "
+            f"a reward may be at most {int(MAX_CLOCK_SKEW.total_seconds() // 60)} minutes ahead)"
+        )
+    return None
 
 
 def late_reward_refusal(
-    rollout_id: str, attempt_id: str | None, attempts_before: Collection[str]
+    rollout_id: str,
+    attempt_id: str | None,
+    attempts_before: Collection[str],
+    given_at: datetime | None = None,
+    recorded_at: datetime | None = None,
 ) -> tuple[str, str] | None:
     """Why a RewardRecorded does not count, as (dead-letter kind, reason), or None when it does.
 
@@ -74,7 +104,16 @@ def late_reward_refusal(
     any interleaving across topics, and in a replay): a reward counts when an AttemptStarted
     or AttemptFinished of its rollout, and of the attempt it names if it names one, lies
     before it in its partition of the rollouts topic. `attempts_before` are the ids of those
-    attempts."""
+    attempts. Given the reward's time and its record's (the broker's timestamp), a reward
+    given later than its record was written, by more than clocks drift, does not count
+    either."""
+    if given_at is not None and recorded_at is not None:
+        problem = given_at_problem(given_at, recorded_at)
+        if problem is not None:
+            return FUTURE_REWARD, (
+                f"a reward for rollout {rollout_id!r} whose time is past its record's: "
+                + problem.replace("now is", "its record was written at")
+            )
     if not attempts_before:
         return UNKNOWN_ROLLOUT, (
             f"a reward for rollout {rollout_id!r}, which has no attempt before it on its "

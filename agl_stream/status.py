@@ -1,10 +1,12 @@
 """What `agl-stream status` reports: broker, topics and their end offsets, consumer groups
-and their lag, and the database."""
+and their lag, the database, and how far the projection is behind each partition (a
+partition a running projector does not move is a fault: `healthy` is false)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -12,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.db.migrate import head_revision
 from agl_stream.kafka import admin_client, end_offsets, started
+from agl_stream.projection.projector import PROJECTED_TOPICS, projector_group
 from agl_stream.topic_spec import load_topic_specs
 
 
@@ -42,6 +45,28 @@ class DatabaseStatus:
     head: str | None = None
 
 
+# A partition behind its end that a running projector has not moved for this long is stuck.
+STALL = timedelta(minutes=2)
+
+
+@dataclass(frozen=True)
+class PartitionProjection:
+    """Where the read model stands on one partition of a projected topic."""
+
+    topic: str
+    partition: int
+    projected_to: int  # the next offset the read model will take (0: none taken yet)
+    end: int
+    updated_at: datetime | None  # when the projection last moved here (None: never)
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - self.projected_to)
+
+    def stalled(self, now: datetime) -> bool:
+        return self.lag > 0 and (self.updated_at is None or now - self.updated_at > STALL)
+
+
 @dataclass
 class StatusReport:
     bootstrap_servers: str
@@ -52,11 +77,26 @@ class StatusReport:
     missing_topics: list[str] = field(default_factory=list)
     groups: list[GroupStatus] = field(default_factory=list)
     database: DatabaseStatus | None = None
+    projection: list[PartitionProjection] = field(default_factory=list)
+    projector_group: str = ""
+    checked_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def projectors(self) -> int:
+        """Members of the projectors' group now."""
+        return sum(g.members for g in self.groups if g.group == self.projector_group)
+
+    def stuck(self) -> list[PartitionProjection]:
+        """Partitions behind their end that projectors, running, have not moved for STALL
+        (with none running, a partition behind is only waiting for one)."""
+        if not self.projectors:
+            return []
+        return [p for p in self.projection if p.stalled(self.checked_at)]
 
     @property
     def healthy(self) -> bool:
         db_ok = self.database is None or self.database.reachable
-        return self.broker_reachable and not self.missing_topics and db_ok
+        return self.broker_reachable and not self.missing_topics and db_ok and not self.stuck()
 
 
 async def collect(
@@ -64,15 +104,39 @@ async def collect(
 ) -> StatusReport:
     """`embedded`: how to name the broker when it is the embedded stack's (Kafka does not
     say its own version on the wire)."""
-    report = StatusReport(kafka.bootstrap_servers, broker_reachable=False)
+    report = StatusReport(
+        kafka.bootstrap_servers, broker_reachable=False,
+        projector_group=projector_group(kafka.topic_prefix),
+    )  # fmt: skip
     db_task = asyncio.create_task(_database(database)) if database else None
     try:
         await _broker(kafka, report, embedded)
     except Exception as exc:  # noqa: BLE001 - any failure means "unreachable", said plainly
         report.broker_detail = f"{type(exc).__name__}: {exc}"
     if db_task is not None:
-        report.database = await db_task
+        report.database, stored = await db_task
+        report.projection = projection_status(report.topics, stored, PROJECTED_TOPICS, kafka)
     return report
+
+
+def projection_status(
+    topics: list[TopicStatus],
+    stored: dict[tuple[str, int], tuple[int, datetime]],
+    projected: tuple[str, ...],
+    kafka: KafkaSettings,
+) -> list[PartitionProjection]:
+    """Every partition of the projected topics against what the read model stored for it
+    (`stored`: next offset and when it moved, per partition); one it never stored is at 0."""
+    specs = load_topic_specs()
+    names = {specs[short].full_name(kafka.topic_prefix) for short in projected}
+    out = []
+    for topic in topics:
+        if topic.name not in names:
+            continue
+        for partition, end in enumerate(topic.end_offsets):
+            at, moved = stored.get((topic.name, partition), (0, None))
+            out.append(PartitionProjection(topic.name, partition, at, end, moved))
+    return out
 
 
 async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | None) -> None:
@@ -147,17 +211,39 @@ def group_lag(
     return lag
 
 
-async def _database(settings: DatabaseSettings) -> DatabaseStatus:
+Stored = dict[tuple[str, int], tuple[int, datetime]]
+
+
+async def _database(settings: DatabaseSettings) -> tuple[DatabaseStatus, Stored]:
+    """The database's state, and the active read model's offsets (none where it has none)."""
     try:
         conn = await asyncpg.connect(settings.asyncpg_dsn, timeout=5)
     except Exception as exc:  # noqa: BLE001
-        return DatabaseStatus(False, f"{type(exc).__name__}: {exc}", head=head_revision())
+        return DatabaseStatus(False, f"{type(exc).__name__}: {exc}", head=head_revision()), {}
     try:
         version = await conn.fetchval("SHOW server_version")
         has_table = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
         revision = (
             await conn.fetchval("SELECT version_num FROM alembic_version") if has_table else None
         )
-        return DatabaseStatus(True, f"PostgreSQL {version}", revision, head_revision())
+        status = DatabaseStatus(True, f"PostgreSQL {version}", revision, head_revision())
+        return status, await _stored_offsets(conn)
     finally:
         await conn.close()
+
+
+async def _stored_offsets(conn: asyncpg.Connection) -> Stored:
+    if not await conn.fetchval("SELECT to_regclass('public.read_models') IS NOT NULL"):
+        return {}
+    schema = await conn.fetchval("SELECT name FROM public.read_models WHERE active")
+    if schema is None:
+        return {}
+    rows = await conn.fetch(
+        "SELECT topic, partition, next_offset, updated_at FROM "
+        f"{quote_identifier(schema)}.projector_offsets"
+    )
+    return {(r["topic"], r["partition"]): (r["next_offset"], r["updated_at"]) for r in rows}
+
+
+def quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

@@ -39,12 +39,15 @@ class ConsumedEvent:
 
 @dataclass(frozen=True)
 class Converted:
-    """A record a converter made into something other than an event (see EventStream)."""
+    """A record a converter made into something other than an event (see EventStream), with
+    the record's bytes and headers (kept for its dead letter, should it need one)."""
 
     value: Any
     event_type: str
     offset: int
     timestamp_ms: int | None
+    record: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,65 @@ class Batch:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.events.values())
+
+    def records(self) -> int:
+        """Events and converted records together."""
+        return len(self) + sum(len(v) for v in self.converted.values())
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Two batches that are this one in order, each with about half its records: its
+        partitions in two groups, or with one partition, its records before and from an
+        offset (the first half's next offset is where the second starts). For a batch of
+        two records or more."""
+        with_records = [
+            tp for tp in self.next_offsets if self.events.get(tp) or self.converted.get(tp)
+        ]
+        if len(with_records) > 1:
+            first_group = set(with_records[: len(with_records) // 2])
+            first, second = Batch(dead_lettered=self.dead_lettered), Batch()
+            for tp in self.next_offsets:
+                part = first if tp in first_group or tp not in with_records else second
+                part._take(self, tp)
+            return first, second
+        tp = with_records[0]
+        offsets = sorted(
+            [e.offset for e in self.events.get(tp, ())]
+            + [c.offset for c in self.converted.get(tp, ())]
+        )
+        cut = offsets[len(offsets) // 2]
+        first, second = Batch(dead_lettered=self.dead_lettered), Batch()
+        for other in self.next_offsets:
+            if other != tp:
+                first._take(self, other)
+        first.events[tp] = [e for e in self.events.get(tp, ()) if e.offset < cut]
+        first.converted[tp] = [c for c in self.converted.get(tp, ()) if c.offset < cut]
+        first.next_offsets[tp] = cut
+        if tp in self.first_offsets:
+            first.first_offsets[tp] = self.first_offsets[tp]
+        second.events[tp] = [e for e in self.events.get(tp, ()) if e.offset >= cut]
+        second.converted[tp] = [c for c in self.converted.get(tp, ()) if c.offset >= cut]
+        second.next_offsets[tp] = self.next_offsets[tp]
+        second.first_offsets[tp] = cut
+        return first, second
+
+    def without_records(self) -> Batch:
+        """The same offsets to advance to, with no record to apply (what is left of a batch
+        whose one record was dead-lettered)."""
+        return Batch(
+            next_offsets=dict(self.next_offsets),
+            first_offsets=dict(self.first_offsets),
+            dead_lettered=self.dead_lettered,
+        )
+
+    def _take(self, other: Batch, tp: TopicPartition) -> None:
+        """Partition `tp` of `other`, whole."""
+        if tp in other.events:
+            self.events[tp] = other.events[tp]
+        if tp in other.converted:
+            self.converted[tp] = other.converted[tp]
+        self.next_offsets[tp] = other.next_offsets[tp]
+        if tp in other.first_offsets:
+            self.first_offsets[tp] = other.first_offsets[tp]
 
 
 class Topics:
@@ -254,7 +316,10 @@ class EventStream:
                 value = convert.from_datum(datum)
             except (ValueError, TypeError, KeyError) as exc:
                 raise DecodeError(f"invalid {writer.event_type}: {exc}", "invalid") from exc
-        return Converted(value, event_type, record.offset, record.timestamp)
+        return Converted(
+            value, event_type, record.offset, record.timestamp, record.value,
+            tuple(record.headers or ()),
+        )  # fmt: skip
 
     def _letter(
         self, record: ConsumerRecord, headers: tuple[tuple[str, bytes], ...], reason: str, kind: str

@@ -27,6 +27,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "broker host, the default) or long (several of each: make multi-host).",
     )
     parser.addoption(
+        "--record-fuzz-size",
+        choices=("ci", "long"),
+        default="ci",
+        help="How many generated records the record fuzz test sends: ci (1,500, the default) "
+        "or long (20,000: make fuzz).",
+    )
+    parser.addoption(
         "--vllm-demo",
         action="store_true",
         help="Also run the demo with the vLLM engine (minutes; make test-vllm-demo).",

@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import click
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 from rich.table import Table
@@ -17,9 +16,10 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, console, friendly_errors, metadata_filter, run
 from agl_stream.cli.times import TIME
 from agl_stream.kafka import end_offsets
-from agl_stream.projection.replay import list_read_models
+from agl_stream.projection.replay import list_read_models, projected_partitions
 from agl_stream.queries import PartitionLag, ReadModel
 from agl_stream.queries.params import MODES, ROLLOUT_STATUSES, SORTS, RolloutFilter
+from agl_stream.streams import Topics
 
 T = TypeVar("T")
 
@@ -434,12 +434,12 @@ def lag(app: AppContext, read_model: str | None, as_json: bool) -> None:
     """How far the projection is behind each partition (against the topics' ends now)."""
 
     async def ask(rm: ReadModel) -> list[PartitionLag]:
-        stored = await rm.lag()
-        tps = [TopicPartition(p.topic, p.partition) for p in stored]
+        kafka = app.kafka()
         try:
-            ends = await asyncio.wait_for(end_offsets(app.kafka(), tps), 10)
+            tps = await asyncio.wait_for(projected_partitions(kafka, Topics(kafka)), 10)
+            ends = await asyncio.wait_for(end_offsets(kafka, tps), 10)
         except (KafkaError, OSError, TimeoutError):
-            return stored  # the broker is away: the ends the projector last saw
+            return await rm.lag()  # the broker is away: the ends the projector last saw
         return await rm.lag({(tp.topic, tp.partition): end for tp, end in ends.items()})
 
     found = _ask(app, read_model, ask)

@@ -11,7 +11,7 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
 from agl_stream.config import KafkaSettings, StackSettings, load
 from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.status import StatusReport, collect
+from agl_stream.status import PartitionProjection, StatusReport, collect
 
 
 def embedded_broker(kafka: KafkaSettings) -> str | None:
@@ -30,7 +30,8 @@ def embedded_broker(kafka: KafkaSettings) -> str | None:
 def status(app: AppContext, as_json: bool) -> None:
     """Show the broker, topics (partitions, records), consumer groups (lag) and the database.
 
-    Exits with 1 when the broker or the database cannot be reached or topics are missing.
+    Exits with 1 when the broker or the database cannot be reached, topics are missing, or
+    running projectors have not moved a partition that is behind for two minutes.
     """
     kafka, database = app.kafka(), app.database()
     report = run(collect(kafka, database, embedded_broker(kafka)))
@@ -40,7 +41,8 @@ def status(app: AppContext, as_json: bool) -> None:
         payload = asdict(report)
         payload["database_url"] = database.display_url()
         payload["security"] = security
-        click.echo(json.dumps(payload, indent=2))
+        payload["stuck"] = [asdict(p) for p in report.stuck()]
+        click.echo(json.dumps(payload, indent=2, default=str))
     else:
         _render(report, database.display_url(), security)
     if not report.healthy:
@@ -89,3 +91,35 @@ def _render(report: StatusReport, database_url: str, security: str = "PLAINTEXT"
             lag = ", ".join(f"{topic}: {n}" for topic, n in sorted(g.lag.items())) or "-"
             groups.add_row(g.group, g.state, str(g.members), lag)
         console.print(groups)
+    if report.projection:
+        _render_projection(report)
+
+
+def _render_projection(report: StatusReport) -> None:
+    """Per projected topic: how far the read model is behind; then each stuck partition."""
+    table = Table(title="projection (the read model)", title_justify="left")
+    for column in ("topic", "projected", "records", "lag", "last moved"):
+        table.add_column(column, justify="left" if column == "topic" else "right")
+    by_topic: dict[str, list[PartitionProjection]] = {}
+    for p in report.projection:
+        by_topic.setdefault(p.topic, []).append(p)
+    for topic, parts in by_topic.items():
+        moved = [p.updated_at for p in parts if p.updated_at is not None]
+        table.add_row(
+            topic,
+            str(sum(min(p.projected_to, p.end) for p in parts)),
+            str(sum(p.end for p in parts)),
+            str(sum(p.lag for p in parts)),
+            max(moved).strftime("%Y-%m-%d %H:%M:%S") if moved else "never",
+        )
+    console.print(table)
+    behind = sum(p.lag for p in report.projection)
+    if behind and not report.projectors:
+        console.print(f"{behind} records wait for a projector: none is running.")
+    for p in report.stuck():
+        since = "never" if p.updated_at is None else p.updated_at.strftime("%H:%M:%S")
+        console.print(
+            f"[red]{p.topic}[{p.partition}] is stuck[/] at offset {p.projected_to} of {p.end} "
+            f"(last moved: {since}) while {report.projectors} projector(s) run: see their "
+            "logs and `agl-stream dlq`."
+        )

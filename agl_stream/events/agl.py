@@ -10,6 +10,7 @@ from typing import ClassVar
 from pydantic import AwareDatetime, Field, field_validator
 
 from agl_stream.events.base import Event, check_json
+from agl_stream.events.ids import Id
 
 
 class AglRecordKind(StrEnum):
@@ -25,9 +26,9 @@ class AglRecordRevised(Event):
     key_field: ClassVar[str] = "partition_key"
 
     kind: AglRecordKind
-    partition_key: str = Field(min_length=1)
-    record_id: str = Field(min_length=1)
-    rollout_id: str | None = None
+    partition_key: Id
+    record_id: Id
+    rollout_id: Id | None = None
     revision: int = Field(ge=1)
     created_at: AwareDatetime
     body_json: str

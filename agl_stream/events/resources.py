@@ -9,6 +9,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, Field
 
 from agl_stream.events.base import Event, Record
+from agl_stream.events.ids import Id
 from agl_stream.templates import placeholders, render
 
 # A version published with metadata pin_only=true (an algorithm's candidate under evaluation)
@@ -68,11 +69,11 @@ Resource = LLM | PromptTemplate | Checkpoint
 class ResourcesPublished(Event):
     key_field: ClassVar[str] = "resources_id"
 
-    resources_id: str = Field(min_length=1)
+    resources_id: Id
     version: int = Field(ge=0)
     resources: dict[str, Resource]
     published_by: str | None = None
-    parent_resources_id: str | None = None
+    parent_resources_id: Id | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
 
     @property

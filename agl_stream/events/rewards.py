@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 
 from agl_stream.events.base import Event
+from agl_stream.events.ids import Id
 from agl_stream.events.spans import SpanId
 
 DEFAULT_REWARD_NAME = "reward"
@@ -19,8 +20,8 @@ class RewardRecorded(Event):
 
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str | None = Field(default=None, min_length=1)
+    rollout_id: Id
+    attempt_id: Id | None = None
     span_id: SpanId | None = None
     name: str = Field(default=DEFAULT_REWARD_NAME, min_length=1, max_length=200)
     value: float

@@ -16,6 +16,7 @@ from agl_stream.events.base import (
     check_json,
     utc_now,
 )
+from agl_stream.events.ids import Id
 
 TERMINAL_ATTEMPT_STATUSES = frozenset(
     {
@@ -36,18 +37,18 @@ class RolloutStatus(StrEnum):
 class RolloutQueued(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
+    rollout_id: Id
     attempt_number: int = Field(ge=1)
     input_json: str
     mode: RolloutMode
-    resources_id: str | None = None
+    resources_id: Id | None = None
     timeout_seconds: float | None = Field(default=None, gt=0)
     unresponsive_seconds: float | None = Field(default=None, gt=0)
     max_attempts: int = Field(default=1, ge=1)
     retry_condition: tuple[AttemptStatus, ...] = ()
     metadata: dict[str, str] = Field(default_factory=dict)
     first_queued_at: AwareDatetime = Field(default_factory=utc_now)
-    previous_attempt_id: str | None = None
+    previous_attempt_id: Id | None = None
 
     @field_validator("input_json")
     @classmethod
@@ -74,7 +75,7 @@ class RolloutQueued(Event):
 class RolloutCancelled(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
+    rollout_id: Id
     reason: str | None = None
     requested_by: str | None = None
 
@@ -95,11 +96,11 @@ class AttemptTask(Record):
 class AttemptStarted(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    rollout_id: Id
+    attempt_id: Id
     attempt_number: int = Field(ge=1)
-    worker_id: str = Field(min_length=1)
-    resources_id: str | None = None
+    worker_id: Id
+    resources_id: Id | None = None
     task_offset: int | None = Field(default=None, ge=0)
     task: AttemptTask | None = None  # only on attempts no RolloutQueued asked for
 
@@ -107,10 +108,10 @@ class AttemptStarted(Event):
 class AttemptFinished(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    rollout_id: Id
+    attempt_id: Id
     attempt_number: int = Field(ge=1)
-    worker_id: str = Field(min_length=1)
+    worker_id: Id
     status: AttemptStatus
     error: ErrorInfo | None = None
     span_count: int = Field(ge=0)
@@ -127,9 +128,9 @@ class AttemptFinished(Event):
 class RolloutFinished(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
+    rollout_id: Id
     status: RolloutStatus
-    attempt_id: str | None = None
+    attempt_id: Id | None = None
     attempt_count: int = Field(ge=0)
     error: ErrorInfo | None = None
 

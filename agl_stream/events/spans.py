@@ -9,6 +9,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from agl_stream.events.base import Event, Record
+from agl_stream.events.ids import Id
 
 # Strict types keep True a boolean and 1 a long through a round trip.
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
@@ -69,8 +70,8 @@ class SpanLink(Record):
 class SpanRecorded(Event):
     key_field: ClassVar[str] = "rollout_id"
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    rollout_id: Id
+    attempt_id: Id
     sequence: int = Field(ge=0)
     trace_id: TraceId
     span_id: SpanId

@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from agl_stream.events.base import Event
+from agl_stream.events.ids import Id
 
 
 class WorkerRole(StrEnum):
@@ -28,11 +29,11 @@ class WorkerStatus(StrEnum):
 class WorkerHeartbeat(Event):
     key_field: ClassVar[str] = "worker_id"
 
-    worker_id: str = Field(min_length=1)
+    worker_id: Id
     role: WorkerRole
     status: WorkerStatus
     hostname: str
     pid: int = Field(ge=0)
-    current_rollouts: tuple[str, ...] = ()
+    current_rollouts: tuple[Id, ...] = ()
     counts: dict[str, int] = Field(default_factory=dict)
     interval_seconds: float = Field(gt=0)

@@ -5,7 +5,7 @@
  * The projector's hottest path: fastavro's generic reader, the row's Python values and then
  * asyncpg's encoding of them cost most of the projector's CPU per span. This reads the one
  * schema it was written for and makes the checks the event model makes beyond the Avro types
- * (non-empty ids, times and sequence >= 0, lowercase hex trace and span ids, a canonical UUID
+ * (ids of printable ASCII within the id rule's length, times and sequence >= 0, lowercase hex trace and span ids, a canonical UUID
  * event id, times within years 1-9999). Anything it does not take as it is (a malformed body,
  * text that is not strict UTF-8 or holds a NUL, a double that is not finite, a failed check,
  * a value spelled another way the general path accepts, trailing bytes) makes it answer None,
@@ -343,6 +343,19 @@ static int text_field(Reader *r, Out *o, int nonempty) {
     return put_field(o, s, n);
 }
 
+/* An id column (events/ids.py: 1 to 256 printable characters). Only printable ASCII is taken
+ * here; anything else steps aside to the general path, which applies the whole rule. */
+#define MAX_ID_LENGTH 256
+static int id_field(Reader *r, Out *o) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    if (read_bytes(r, &s, &n) || n == 0 || n > MAX_ID_LENGTH) return FAIL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < 0x20 || s[i] > 0x7e) return FAIL;
+    }
+    return put_field(o, s, n);
+}
+
 /* A ["null", "string"] column. */
 static int optional_text_field(Reader *r, Out *o) {
     int64_t index;
@@ -411,7 +424,7 @@ static int row(Reader *r, Out *o) {
     if (put_be(o, FIELDS, 2)) return FAIL;
     if (uuid_field(r, o)) return FAIL;                                    /* event_id */
     if (read_long(r, &occurred_at) || timestamp_field(o, occurred_at)) return FAIL; /* recorded_at */
-    if (text_field(r, o, 1) || text_field(r, o, 1)) return FAIL;        /* rollout_id, attempt_id */
+    if (id_field(r, o) || id_field(r, o)) return FAIL;                    /* rollout_id, attempt_id */
     if (read_long(r, &sequence) || sequence < 0 || put_int8(o, sequence)) return FAIL;
     if (hex_field(r, o, 32) || hex_field(r, o, 16)) return FAIL;        /* trace_id, span_id */
     int64_t index;

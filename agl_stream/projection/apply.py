@@ -5,25 +5,66 @@ applied already (a restart, or another projector during a rebalance) and are ski
 and the new offsets commit together. Nothing here knows about consumer groups.
 Spans come as rows already (CONVERTERS: the stream builds them from the Avro data, most as
 binary COPY tuples).
+
+A batch the database refuses because of what a record holds (RECORD_FAULTS: a value out of
+a column's range, an index row too large, a constraint) is applied again in halves, down to
+the record at fault, which is dead-lettered with the database's reason; everything else is
+projected. A database that is down or gone is no record's fault: that error is raised.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import asyncpg
+import asyncpg.exceptions._base
+import orjson
 
+from agl_stream.codec import Codec
 from agl_stream.events import AttemptFinished, AttemptStarted, RewardRecorded
 from agl_stream.projection.fold import State, keys, project
 from agl_stream.projection.rows import SpanRow
 from agl_stream.projection.span_record import span_row_from_datum, span_tuple_from_record
 from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
-from agl_stream.rewards import late_reward_refusal
-from agl_stream.streams import Batch, ConsumedEvent, Converter
+from agl_stream.rewards import late_reward_refusal, record_time
+from agl_stream.streams import Batch, ConsumedEvent, Converted, Converter
 
-# Sends one record's dead letter (the record, its kind, the reason) and waits for the broker.
-DeadLetterSink = Callable[[ConsumedEvent, str, str], Awaitable[None]]
+log = logging.getLogger(__name__)
+
+# Errors of a write that the records' content causes, not the database's state: the same
+# records fail the same way at every try. Server side (SQLSTATE classes 22, 23 and 54) and
+# client side (asyncpg's argument encoding, orjson's, a number too large for its column).
+RECORD_FAULTS: tuple[type[BaseException], ...] = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+    asyncpg.exceptions._base.DataError,
+    orjson.JSONEncodeError,
+    OverflowError,
+    UnicodeEncodeError,
+)
+UNPROJECTABLE = "unprojectable"
+Where = tuple[str, int, int]  # topic, partition, offset
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A record the projection does not take: where it is, its bytes, and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    kind: str
+    reason: str
+
+
+# Sends one record's dead letter and waits for the broker.
+DeadLetterSink = Callable[[Refused], Awaitable[None]]
 
 # What the projector's and the replay's streams hand over as rows, not as event models.
 CONVERTERS = {"SpanRecorded": Converter(span_row_from_datum, span_tuple_from_record)}
@@ -35,6 +76,14 @@ class Applied:
     spans: int
     rows: int
     refused_rewards: int = 0
+    unprojectable: int = 0  # records the database refused, dead-lettered
+
+    def __add__(self, other: Applied) -> Applied:
+        return Applied(
+            self.events + other.events, self.spans + other.spans, self.rows + other.rows,
+            self.refused_rewards + other.refused_rewards,
+            self.unprojectable + other.unprojectable,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,8 +111,8 @@ class Projection:
     conn: asyncpg.Connection
     schema: str
     follow_active: bool = True
-    # Where rewards that do not count go (None: a replay, whose records were dead-lettered
-    # when the live projector first read them).
+    # Where rewards that do not count and records the database refuses go (None: a replay,
+    # whose records were dead-lettered when the live projector first read them).
     dead_letters: DeadLetterSink | None = None
     # Where the consumer stands per partition (None: from the beginning, nothing stored).
     positions: dict[Partition, int | None] = field(default_factory=dict)
@@ -77,7 +126,49 @@ class Projection:
         self.schema = schema
         self.store = ProjectionStore(self.conn, schema)
 
-    async def apply(self, batch: Batch, ends: Mapping[Partition, int]) -> Outcome:
+    async def apply(
+        self, batch: Batch, ends: Mapping[Partition, int], lettered: set[Where] | None = None
+    ) -> Outcome:
+        """The batch in one transaction; where the database refuses a record of it, the
+        batch in parts, with that record dead-lettered (see the module's docstring).
+        `lettered`: records whose dead letters are sent already (by a try of a larger part)."""
+        lettered = set() if lettered is None else lettered
+        try:
+            return await self._apply_once(batch, ends, lettered)
+        except RECORD_FAULTS as exc:
+            if batch.records() == 0:
+                raise
+            fault = exc
+        if batch.records() == 1:
+            await self._refuse_only_record(batch, fault)
+            outcome = await self._apply_once(batch.without_records(), ends, lettered)
+            if isinstance(outcome, Applied):
+                return outcome + Applied(0, 0, 0, unprojectable=1)
+            return outcome
+        first, second = batch.split()
+        done = await self.apply(first, ends, lettered)
+        if not isinstance(done, Applied):
+            return done
+        rest = await self.apply(second, ends, lettered)
+        return done + rest if isinstance(rest, Applied) else rest
+
+    async def _refuse_only_record(self, batch: Batch, fault: BaseException) -> None:
+        reason = f"the read model cannot hold this record: {type(fault).__name__}: {fault}"
+        [refused] = [refusal_of_event(item, UNPROJECTABLE, reason) for item in batch] + [
+            refusal_of_converted(tp.topic, tp.partition, item, UNPROJECTABLE, reason)
+            for tp, items in batch.converted.items()
+            for item in items
+        ]
+        log.warning(
+            "%s[%d] at offset %d is dead-lettered: %s",
+            refused.topic, refused.partition, refused.offset, reason,
+        )  # fmt: skip
+        if self.dead_letters is not None:
+            await self.dead_letters(refused)
+
+    async def _apply_once(
+        self, batch: Batch, ends: Mapping[Partition, int], lettered: set[Where]
+    ) -> Outcome:
         store = self.store
         advanced: dict[Partition, int] = {}
         async with self.conn.transaction():
@@ -114,8 +205,10 @@ class Projection:
             state = await store.load(keys(c.event for c in consumed))
             refused = refused_rewards(consumed, state)
             if refused and self.dead_letters is not None:
-                for item, kind, reason in refused.values():
-                    await self.dead_letters(item, kind, reason)  # on the broker before commit
+                for where, (item, kind, reason) in refused.items():
+                    if where not in lettered:  # on the broker before the commit
+                        await self.dead_letters(refusal_of_event(item, kind, reason))
+                        lettered.add(where)
             events = [c.event for c in consumed if _where(c) not in refused]
             changes = project(events, state)
             changes.spans.extend(span_rows)
@@ -125,11 +218,23 @@ class Projection:
         return Applied(len(events) + len(span_rows), len(changes.spans), len(changes), len(refused))
 
 
-Where = tuple[str, int, int]  # topic, partition, offset
-
-
 def _where(item: ConsumedEvent) -> Where:
     return (item.topic, item.partition, item.offset)
+
+
+def refusal_of_event(item: ConsumedEvent, kind: str, reason: str) -> Refused:
+    return Refused(
+        item.topic, item.partition, item.offset, item.timestamp_ms, Codec().encode(item.event),
+        item.headers, kind, reason,
+    )  # fmt: skip
+
+
+def refusal_of_converted(
+    topic: str, partition: int, item: Converted, kind: str, reason: str
+) -> Refused:
+    return Refused(
+        topic, partition, item.offset, item.timestamp_ms, item.record, item.headers, kind, reason
+    )
 
 
 def refused_rewards(
@@ -148,9 +253,11 @@ def refused_rewards(
         if isinstance(event, AttemptStarted | AttemptFinished):
             before.setdefault(event.rollout_id, set()).add(event.attempt_id)
         elif isinstance(event, RewardRecorded):
+            recorded_at = None if item.timestamp_ms is None else record_time(item.timestamp_ms)
             why = late_reward_refusal(
-                event.rollout_id, event.attempt_id, before.get(event.rollout_id, set())
-            )
+                event.rollout_id, event.attempt_id, before.get(event.rollout_id, set()),
+                event.occurred_at, recorded_at,
+            )  # fmt: skip
             if why is not None:
                 refused[_where(item)] = (item, *why)
     return refused

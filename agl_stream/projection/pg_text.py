@@ -1,21 +1,24 @@
 """Text PostgreSQL can hold. Its text and jsonb types take no U+0000 (NUL), which events may
-carry (an LLM's output, an exception's message); a row holding one would fail its whole batch
-again at every restart. The read model stores each NUL as U+FFFD (the replacement
+carry (an LLM's output, an exception's message), and UTF-8 has no lone surrogate, which JSON
+text can spell (`"\\ud800"` in a task's input); a row holding either would fail its whole
+batch again at every restart. The read model stores each as U+FFFD (the replacement
 character); the record on its topic keeps the original. Pure code.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
 NUL = "\x00"
 REPLACEMENT = "\ufffd"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def text(value: str) -> str:
-    return value.replace(NUL, REPLACEMENT) if NUL in value else value
+    return _UNSTORABLE.sub(REPLACEMENT, value)
 
 
 def json_value(value: Any) -> Any:
@@ -31,7 +34,10 @@ def json_value(value: Any) -> Any:
 
 def jsonb(value: Any) -> bytes:
     """A value as binary jsonb (version byte 1, then the JSON text), NULs replaced."""
-    data = orjson.dumps(value)
+    try:
+        data = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # a lone surrogate (orjson takes no text UTF-8 cannot hold)
+        data = orjson.dumps(json_value(value))
     if b"\\u0000" in data:  # how orjson writes a NUL (a literal backslash-u0000 matches too:
         # the walk then changes nothing)
         data = orjson.dumps(json_value(value))

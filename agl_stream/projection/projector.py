@@ -26,7 +26,6 @@ from aiokafka import (
 )
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from agl_stream.codec import Codec
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.dead_letters import dead_letter
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
@@ -38,10 +37,11 @@ from agl_stream.projection.apply import (
     Behind,
     DeadLetterSink,
     Projection,
+    Refused,
     Switched,
 )
 from agl_stream.projection.store import Partition, active_read_model, connect
-from agl_stream.streams import DLQ_TOPIC, Batch, ConsumedEvent, EventPublisher, EventStream, Topics
+from agl_stream.streams import DLQ_TOPIC, Batch, EventPublisher, EventStream, Topics
 from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
@@ -127,14 +127,14 @@ class Projector:
             await conn.close()
 
     def _letters_to(self, prod: AIOKafkaProducer) -> DeadLetterSink:
-        """Dead letters of records the projection refuses (rewards that do not count)."""
-        codec = Codec()
+        """Dead letters of records the projection refuses (rewards that do not count, records
+        the database cannot hold)."""
 
-        async def send(item: ConsumedEvent, kind: str, reason: str) -> None:
+        async def send(refused: Refused) -> None:
             letter = dead_letter(
-                topic=item.topic, partition=item.partition, offset=item.offset,
-                timestamp_ms=item.timestamp_ms, value=codec.encode(item.event),
-                headers=item.headers, reason=reason, kind=kind, consumer=self.group_id,
+                topic=refused.topic, partition=refused.partition, offset=refused.offset,
+                timestamp_ms=refused.timestamp_ms, value=refused.value, headers=refused.headers,
+                reason=refused.reason, kind=refused.kind, consumer=self.group_id,
             )  # fmt: skip
             dlq = self.topics.name(DLQ_TOPIC)
             await prod.send_and_wait(dlq, letter.value, key=letter.key, headers=letter.headers)

@@ -87,7 +87,7 @@ async def replay(
     try:
         projection = Projection(conn, name, follow_active=False)
         async with consumer(kafka) as reader:
-            tps = await _partitions(kafka, topics)
+            tps = await projected_partitions(kafka, topics)
             reader.assign(tps)
             for tp in tps:
                 reader.seek(tp, 0)
@@ -170,7 +170,8 @@ class _Rounds:
         return finished
 
 
-async def _partitions(kafka: KafkaSettings, topics: Topics) -> list[TopicPartition]:
+async def projected_partitions(kafka: KafkaSettings, topics: Topics) -> list[TopicPartition]:
+    """Every partition of the topics the projector reads."""
     names = [topics.name(short) for short in PROJECTED_TOPICS]
     async with admin_client(kafka) as admin:
         described = {t["topic"]: t for t in await admin.describe_topics(names)}

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agl_stream.codec import HEADER_LENGTH, MARKER
+from agl_stream.events.ids import require_id
 from agl_stream.projection.rows import SpanRow
 from agl_stream.schema_registry import default_registry
 
@@ -42,9 +43,8 @@ _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 
 def span_row_from_datum(datum: Mapping[str, Any]) -> SpanRow:
     """The spans row of one plain SpanRecorded datum; ValueError names what is wrong."""
-    rollout_id, attempt_id = datum["rollout_id"], datum["attempt_id"]
-    if not rollout_id or not attempt_id:
-        raise ValueError("rollout_id and attempt_id must not be empty")
+    rollout_id = require_id("rollout_id", datum["rollout_id"])
+    attempt_id = require_id("attempt_id", datum["attempt_id"])
     sequence, start, end = (
         datum["sequence"],
         datum["start_time_unix_nano"],

@@ -137,8 +137,13 @@ class ProjectionStore:
         try:
             async with self.conn.transaction():  # a savepoint
                 await self.conn.executemany(sql, records)
-        except (asyncpg.CharacterNotInRepertoireError, asyncpg.UntranslatableCharacterError):
-            # A NUL in text (jsonb's codec replaces its own): stored as pg_text says.
+        except (
+            asyncpg.CharacterNotInRepertoireError,
+            asyncpg.UntranslatableCharacterError,
+            UnicodeEncodeError,
+        ):
+            # A NUL or a lone surrogate in text (jsonb's codec replaces its own): stored as
+            # pg_text says.
             await self.conn.executemany(sql, [tuple(map(pg_text.column, r)) for r in records])
 
     async def insert_spans(self, spans: Sequence[SpanRow | bytes]) -> None:

@@ -24,10 +24,11 @@ from sqlalchemy import (
     text,
     tuple_,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agl_stream.config import DatabaseSettings
 from agl_stream.db import schema as db
+from agl_stream.db.engine import async_engine
 from agl_stream.events import PIN_ONLY
 from agl_stream.projection.store import NOTIFY_CHANNEL
 from agl_stream.queries.models import (
@@ -82,7 +83,7 @@ class ReadModel:
     async def open(
         cls, database: DatabaseSettings, read_model: str | None = None
     ) -> AsyncIterator[ReadModel]:
-        engine = create_async_engine(database.sqlalchemy_url, pool_size=2, max_overflow=4)
+        engine = async_engine(database, pool_size=2, max_overflow=4)
         try:
             async with engine.connect() as conn:
                 schema = await _resolve(conn, read_model)
@@ -385,12 +386,14 @@ class ReadModel:
         self, end_offsets: Mapping[tuple[str, int], int] | None = None
     ) -> list[PartitionLag]:
         """Per partition: where the projection stands and how far behind the topic's end
-        (the given end offsets, or the end the projector last saw)."""
+        (the given end offsets, or the end the projector last saw); a partition given an end
+        that the projection never stored is behind by all of it."""
         o = db.projector_offsets.c
         rows = await self._all(select(db.projector_offsets).order_by(o.topic, o.partition))
+        ends = dict(end_offsets or {})
         out = []
         for r in rows:
-            end = max(r["end_offset"], (end_offsets or {}).get((r["topic"], r["partition"]), 0))
+            end = max(r["end_offset"], ends.pop((r["topic"], r["partition"]), 0))
             out.append(
                 PartitionLag(
                     topic=r["topic"],
@@ -401,7 +404,13 @@ class ReadModel:
                     updated_at=r["updated_at"],
                 )
             )
-        return out
+        # Partitions the projection never stored an offset for: behind by all they hold.
+        for (topic, partition), end in ends.items():
+            out.append(PartitionLag(
+                topic=topic, partition=partition, next_offset=0, end_offset=end, lag=end,
+                updated_at=None,
+            ))  # fmt: skip
+        return sorted(out, key=lambda p: (p.topic, p.partition))
 
 
 async def _resolve(conn: AsyncConnection, read_model: str | None) -> str:

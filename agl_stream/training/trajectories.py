@@ -39,7 +39,7 @@ from agl_stream.events import (
     RolloutQueued,
     SpanRecorded,
 )
-from agl_stream.rewards import late_reward_refusal, span_reward
+from agl_stream.rewards import late_reward_refusal, record_time, span_reward
 
 # The co-partitioned topics a trajectory is assembled from.
 TRAINED_TOPICS = ("tasks", "rollouts", "spans")
@@ -195,7 +195,7 @@ class Assembler:
                 attempt.finished_ms = timestamp_ms
                 rollout.lifecycle = tp
         elif isinstance(event, RewardRecorded):
-            self._reward(rollout, event)
+            self._reward(rollout, event, timestamp_ms)
         elif isinstance(event, RolloutQueued):
             rollout.queued.setdefault(event.attempt_number, event)
         elif isinstance(event, RolloutFinished) and rollout.finished_at is None:
@@ -287,9 +287,13 @@ class Assembler:
         deadline = -1 if ended is None else ended + int(rule.wait_seconds * 1000)
         heapq.heappush(self._deadlines.setdefault(rollout.lifecycle, []), (deadline, rollout_id))
 
-    def _reward(self, rollout: _Rollout, event: RewardRecorded) -> None:
+    def _reward(self, rollout: _Rollout, event: RewardRecorded, timestamp_ms: int | None) -> None:
         before = [a for a, x in rollout.attempts.items() if x.started or x.finished]
-        if late_reward_refusal(event.rollout_id, event.attempt_id, before) is not None:
+        recorded_at = None if timestamp_ms is None else record_time(timestamp_ms)
+        refusal = late_reward_refusal(
+            event.rollout_id, event.attempt_id, before, event.occurred_at, recorded_at
+        )
+        if refusal is not None:
             self.counts["late_rewards_refused"] += 1  # the projector dead-letters it
             return
         rollout.rewards.append(event)

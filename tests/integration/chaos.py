@@ -63,9 +63,15 @@ class Crew:
     and restart any of them, and notice one that died by itself."""
 
     def __init__(
-        self, kafka: KafkaSettings, database: DatabaseSettings, logs: Path, checkpoints: Path
+        self,
+        kafka: KafkaSettings,
+        database: DatabaseSettings,
+        logs: Path,
+        checkpoints: Path,
+        agent: str = AGENT,
     ) -> None:
         self.env = child_environment(kafka, database)
+        self.agent = agent
         self.logs = logs
         self.checkpoints = checkpoints
         self.members: dict[str, Member] = {}
@@ -76,7 +82,7 @@ class Crew:
     def _args(self, role: str, name: str) -> list[str]:
         common = ["--worker-id", name, "--heartbeat", "1", "--session-timeout-ms", "6000"]
         if role == "runner":
-            return ["--agent", AGENT, "--concurrency", "8", "--grace", "5", *common]
+            return ["--agent", self.agent, "--concurrency", "8", "--grace", "5", *common]
         if role == "projector":
             return ["--batch-size", "500", *common]
         return [

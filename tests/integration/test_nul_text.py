@@ -36,10 +36,10 @@ async def test_nul_characters_are_stored_as_replacement_characters(
             mode=RolloutMode.TRAIN, metadata={f"k{NUL}": f"v{NUL}"},
         ),
         AttemptStarted(
-            rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1, worker_id=f"w{NUL}",
+            rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1, worker_id="w",
         ),
         AttemptFinished(
-            rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1, worker_id=f"w{NUL}",
+            rollout_id=rollout_id, attempt_id=attempt_id, attempt_number=1, worker_id="w",
             status=AttemptStatus.FAILED, span_count=1,
             error=ErrorInfo(type="ValueError", message=f"boom{NUL}"),
         ),
@@ -75,7 +75,7 @@ async def test_nul_characters_are_stored_as_replacement_characters(
         assert rollout.cancel_reason == f"why{R}"
         assert rollout.error is not None and rollout.error["message"] == f"boom{R}"
         (attempt,) = await rm.attempts(rollout_id)
-        assert attempt.worker_id == f"w{R}"
+        assert attempt.worker_id == "w"  # ids hold no NUL: the id rule refuses one
         (stored,) = await rm.spans(rollout_id)
         assert stored.name == f"n{R}"
         assert stored.attributes == {f"a{R}": [f"x{R}", 1]}

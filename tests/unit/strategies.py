@@ -39,6 +39,13 @@ from agl_stream.events.rollouts import TERMINAL_ATTEMPT_STATUSES
 
 text = st.text(max_size=40)
 ident = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=24)
+# What events/ids.py takes: printable characters (Python's str.isprintable) and not too many.
+an_id = st.text(
+    st.characters(exclude_categories=["Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"])
+    | st.just(" "),
+    min_size=1,
+    max_size=24,
+)
 long = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 nonneg = st.integers(min_value=0, max_value=2**63 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -67,18 +74,18 @@ def rollout_queued(draw: st.DrawFn) -> RolloutQueued:
     return RolloutQueued(
         event_id=draw(st.uuids()),
         occurred_at=draw(times),
-        rollout_id=draw(ident),
+        rollout_id=draw(an_id),
         attempt_number=draw(st.integers(1, max_attempts)),
         input_json=draw(json_text),
         mode=draw(st.sampled_from(RolloutMode)),
-        resources_id=draw(st.none() | ident),
+        resources_id=draw(st.none() | an_id),
         timeout_seconds=draw(st.none() | st.floats(0.001, 1e6)),
         unresponsive_seconds=draw(st.none() | st.floats(0.001, 1e6)),
         max_attempts=max_attempts,
         retry_condition=tuple(draw(st.lists(terminal, max_size=3))),
         metadata=draw(metadata),
         first_queued_at=draw(times),
-        previous_attempt_id=draw(st.none() | ident),
+        previous_attempt_id=draw(st.none() | an_id),
     )
 
 
@@ -86,33 +93,33 @@ common = {"event_id": st.uuids(), "occurred_at": times}
 EVENT_STRATEGIES = {
     "RolloutQueued": rollout_queued(),
     "RolloutCancelled": st.builds(
-        RolloutCancelled, rollout_id=ident, reason=st.none() | text,
+        RolloutCancelled, rollout_id=an_id, reason=st.none() | text,
         requested_by=st.none() | text, **common,
     ),
     "AttemptStarted": st.builds(
-        AttemptStarted, rollout_id=ident, attempt_id=ident, attempt_number=st.integers(1, 100),
-        worker_id=ident, resources_id=st.none() | ident, task_offset=st.none() | nonneg,
+        AttemptStarted, rollout_id=an_id, attempt_id=an_id, attempt_number=st.integers(1, 100),
+        worker_id=an_id, resources_id=st.none() | an_id, task_offset=st.none() | nonneg,
         task=st.none() | st.builds(
             AttemptTask, input_json=json_text, mode=st.sampled_from(RolloutMode), metadata=metadata
         ),
         **common,
     ),
     "RewardRecorded": st.builds(
-        RewardRecorded, rollout_id=ident, attempt_id=st.none() | ident, span_id=st.none() | hex16,
+        RewardRecorded, rollout_id=an_id, attempt_id=st.none() | an_id, span_id=st.none() | hex16,
         name=ident, value=finite, source=st.none() | text, metadata=metadata, **common,
     ),
     "AttemptFinished": st.builds(
-        AttemptFinished, rollout_id=ident, attempt_id=ident, attempt_number=st.integers(1, 100),
-        worker_id=ident, status=terminal, error=st.none() | errors, span_count=nonneg,
+        AttemptFinished, rollout_id=an_id, attempt_id=an_id, attempt_number=st.integers(1, 100),
+        worker_id=an_id, status=terminal, error=st.none() | errors, span_count=nonneg,
         reward=st.none() | finite, **common,
     ),
     "RolloutFinished": st.builds(
-        RolloutFinished, rollout_id=ident, status=st.sampled_from(RolloutStatus),
-        attempt_id=st.none() | ident, attempt_count=st.integers(0, 100),
+        RolloutFinished, rollout_id=an_id, status=st.sampled_from(RolloutStatus),
+        attempt_id=st.none() | an_id, attempt_count=st.integers(0, 100),
         error=st.none() | errors, **common,
     ),
     "SpanRecorded": st.builds(
-        SpanRecorded, rollout_id=ident, attempt_id=ident, sequence=nonneg, trace_id=hex32,
+        SpanRecorded, rollout_id=an_id, attempt_id=an_id, sequence=nonneg, trace_id=hex32,
         span_id=hex16, parent_span_id=st.none() | hex16, name=text,
         kind=st.sampled_from(SpanKind), start_time_unix_nano=nonneg, end_time_unix_nano=nonneg,
         status=st.builds(SpanStatus, code=st.sampled_from(StatusCode), description=st.none() | text),
@@ -122,24 +129,24 @@ EVENT_STRATEGIES = {
         resource=attributes, scope_name=st.none() | text, **common,
     ),
     "ResourcesPublished": st.builds(
-        ResourcesPublished, resources_id=ident, version=nonneg,
+        ResourcesPublished, resources_id=an_id, version=nonneg,
         resources=st.dictionaries(text, st.one_of(
             st.builds(LLM, endpoint=ident, model=ident, sampling_parameters=st.dictionaries(text, finite, max_size=3)),
             st.builds(PromptTemplate, template=text, engine=st.sampled_from(TemplateEngine)),
             st.builds(Checkpoint, uri=ident, content_hash=st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}"), format=ident, base_uri=st.none() | ident, base_content_hash=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")),
         ), max_size=3),
-        published_by=st.none() | text, parent_resources_id=st.none() | ident, metadata=metadata, **common,
+        published_by=st.none() | text, parent_resources_id=st.none() | an_id, metadata=metadata, **common,
     ),
     "WorkerHeartbeat": st.builds(
-        WorkerHeartbeat, worker_id=ident, role=st.sampled_from(WorkerRole),
+        WorkerHeartbeat, worker_id=an_id, role=st.sampled_from(WorkerRole),
         status=st.sampled_from(WorkerStatus), hostname=text, pid=st.integers(0, 2**31 - 1),
-        current_rollouts=st.lists(ident, max_size=3).map(tuple),
+        current_rollouts=st.lists(an_id, max_size=3).map(tuple),
         counts=st.dictionaries(text, long, max_size=3), interval_seconds=st.floats(0.001, 1e6),
         **common,
     ),
     "AglRecordRevised": st.builds(
-        AglRecordRevised, kind=st.sampled_from(AglRecordKind), partition_key=ident, record_id=ident,
-        rollout_id=st.none() | ident, revision=st.integers(1, 2**63 - 1), created_at=times,
+        AglRecordRevised, kind=st.sampled_from(AglRecordKind), partition_key=an_id, record_id=an_id,
+        rollout_id=st.none() | an_id, revision=st.integers(1, 2**63 - 1), created_at=times,
         body_json=json_text, **common,
     ),
 }  # fmt: skip

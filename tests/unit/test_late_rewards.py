@@ -23,7 +23,7 @@ from agl_stream.gateway.reward_route import BadRewards, parse_rewards
 from agl_stream.late_rewards import BadReward, make_reward
 from agl_stream.projection.apply import refused_rewards
 from agl_stream.projection.fold import State, project
-from agl_stream.rewards import UNKNOWN_ATTEMPT, UNKNOWN_ROLLOUT, late_reward_refusal
+from agl_stream.rewards import FUTURE_REWARD, UNKNOWN_ATTEMPT, UNKNOWN_ROLLOUT, late_reward_refusal
 from agl_stream.streams import ConsumedEvent
 from agl_stream.training.batching import Staleness, build_step
 from agl_stream.training.trajectories import Assembler, LateRewardRule, MissingLateReward
@@ -204,7 +204,7 @@ def test_without_a_rule_late_rewards_change_nothing(order: list[int]) -> None:
 def test_reward_bodies_one_or_many_with_sessions() -> None:
     body = [
         {"rollout_id": "r1", "value": 1, "name": "thumbs", "metadata": {"u": "9"}},
-        {"session": "conv-7", "value": -0.5, "given_at": "2026-11-27T10:00:00Z",
+        {"session": "conv-7", "value": -0.5, "given_at": "2026-11-20T10:00:00Z",
          "event_id": "12345678-1234-5678-1234-567812345678"},
     ]  # fmt: skip
     one, two = parse_rewards(json.dumps(body).encode(), lambda key: f"session-{key}")
@@ -228,6 +228,7 @@ def test_reward_bodies_one_or_many_with_sessions() -> None:
         (b'{"session": "k", "value": 1}', "this server has no sessions"),
         (b'{"rollout_id": "r", "value": 1, "given_at": "2026-11-27T10:00:00"}', "time zone"),
         (b'{"rollout_id": "r", "value": 1, "given_at": "yesterday"}', "Invalid isoformat"),
+        (b'{"rollout_id": "r", "value": 1, "given_at": "9999-12-31T23:59:59Z"}', "in the future"),
         (b'{"rollout_id": "r", "value": 1, "span_id": "xyz"}', "span_id"),
         (b'{"rollout_id": "r", "value": 1, "event_id": "nope"}', "event_id"),
     ],
@@ -316,4 +317,26 @@ def test_the_trainer_joins_the_same_late_reward_in_any_interleaving(data: st.Dat
     ready = _feed(assembler, merged)
     assert len(ready) == 1
     assert ready[0].reward == 0.25 and ready[0].reward_from == "late"  # type: ignore[attr-defined]
+    assert assembler.counts["late_rewards_refused"] == 1
+
+
+def test_a_reward_from_the_future_is_refused_where_it_enters_and_where_it_is_read() -> None:
+    with pytest.raises(BadReward, match="in the future"):
+        make_reward("r1", 1.0, given_at=datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
+    assert make_reward("r1", 1.0, given_at=datetime.now(UTC) + timedelta(minutes=4))
+    # Written by a producer that does not check: refused against its record's time.
+    future = RewardRecorded(
+        rollout_id="r1", value=1.0, occurred_at=datetime(9999, 1, 1, tzinfo=UTC)
+    )
+    written_ms = int(datetime(2026, 11, 27, tzinfo=UTC).timestamp() * 1000)
+    consumed = [
+        ConsumedEvent(_started("r1", "a1"), "agl.rollouts", 0, 0, written_ms),
+        ConsumedEvent(future, "agl.rollouts", 0, 1, written_ms),
+    ]
+    [(item, kind, reason)] = refused_rewards(consumed, State()).values()
+    assert (item.event, kind) == (future, FUTURE_REWARD)
+    assert "its record was written at 2026-11-27" in reason
+    assembler = Assembler()
+    assembler.add(("rollouts", 0), 0, _started("r1", "a1"), written_ms)
+    assembler.add(("rollouts", 0), 1, future, written_ms)
     assert assembler.counts["late_rewards_refused"] == 1

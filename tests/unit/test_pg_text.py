@@ -57,3 +57,11 @@ def test_columns_replace_in_text_and_text_arrays_only() -> None:
     assert pg_text.column(None) is None
     text = "no nul here"
     assert pg_text.text(text) is text
+
+
+def test_lone_surrogates_from_json_text_become_replacement_characters() -> None:
+    # json.loads spells them from escapes ('{"q": "\ud800"}' is valid JSON text); UTF-8 has none.
+    value = {"q": "a\ud800b", "\udfff": ["\udc00"]}
+    stored = orjson.loads(pg_text.jsonb(value)[1:])
+    assert stored == {"q": "a\ufffdb", "\ufffd": ["\ufffd"]}
+    assert pg_text.column(["x\ud800", "\x00"]) == ["x\ufffd", "\ufffd"]
