@@ -167,6 +167,10 @@ class DatabaseSettings(_Settings):
             raise ValueError("expected a postgresql://user:password@host:port/database URL")
         if not parts.hostname or not parts.path.strip("/"):
             raise ValueError("the URL must name a host and a database")
+        for host in parts.netloc.rpartition("@")[2].split(","):  # libpq takes h1:p1,h2:p2
+            port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host else ""
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port[:20]!r} is not a port number (1-65535)")
         return value
 
     @property

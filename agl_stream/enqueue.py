@@ -113,6 +113,7 @@ async def enqueue_batch(
     key: str | None = None,
     on_sent: Callable[[int], None] | None = None,
     ids: Sequence[str] | None = None,
+    where: Sequence[str] | None = None,
 ) -> Enqueued:
     """Queue one rollout per task input, safe to run again with the same `key`.
 
@@ -125,15 +126,26 @@ async def enqueue_batch(
     each other. The count is kept as long as Kafka keeps committed offsets
     (offsets.retention.minutes, 7 days by default): after that, the same key queues the same
     ids again. Without a key: new rollouts with ids of their own, through a plain idempotent
-    producer."""
+    producer. A task input that cannot be queued is named in the error by its place in
+    `where` (FILE:LINE from read_located_tasks), else by its number."""
     options = options or RolloutOptions()
     tasks = list(tasks)
+    if key is not None and not key.strip():
+        raise EnqueueError(
+            "an enqueue key cannot be empty: leave it out for a digest of the inputs"
+        )
     if ids is None:
         derived = rollout_ids(key or uuid.uuid4().hex, len(tasks))
         ids = [_own_id(task) or i for task, i in zip(tasks, derived, strict=True)]
     elif len(ids) != len(tasks):
         raise EnqueueError(f"{len(ids)} ids for {len(tasks)} task inputs")
-    events = [make_rollout(task, options, i) for task, i in zip(tasks, ids, strict=True)]
+    events = []
+    for index, (task, rollout_id) in enumerate(zip(tasks, ids, strict=True)):
+        try:
+            events.append(make_rollout(task, options, rollout_id))
+        except EnqueueError as exc:
+            place = where[index] if where is not None else f"task input {index + 1}"
+            raise EnqueueError(f"{place}: {exc}") from None
     if key is None:
         return Enqueued(await _queue_fresh(kafka, events, on_sent), len(events))
     return await _queue_keyed(kafka, key, batch_key(tasks, options), events, on_sent)
@@ -233,6 +245,15 @@ def read_tasks(
     path: Path | None, fmt: str | None = None, stdin: IO[str] | None = None
 ) -> Iterator[Any]:
     """Task inputs from a JSONL, JSON (a list) or Parquet file, or JSONL on stdin."""
+    for _, task in read_located_tasks(path, fmt, stdin):
+        yield task
+
+
+def read_located_tasks(
+    path: Path | None, fmt: str | None = None, stdin: IO[str] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """read_tasks, each task input with its place for error messages: FILE:LINE in JSONL,
+    FILE item N in JSON, FILE row N in Parquet (counted from 1)."""
     try:
         yield from _read_tasks(path, fmt, stdin)
     except UnicodeDecodeError as exc:
@@ -242,7 +263,9 @@ def read_tasks(
         ) from None
 
 
-def _read_tasks(path: Path | None, fmt: str | None, stdin: IO[str] | None) -> Iterator[Any]:
+def _read_tasks(
+    path: Path | None, fmt: str | None, stdin: IO[str] | None
+) -> Iterator[tuple[str, Any]]:
     kind = fmt or (_format_of(path) if path else "jsonl")
     if kind == "parquet":
         if path is None:
@@ -261,7 +284,8 @@ def _read_tasks(path: Path | None, fmt: str | None, stdin: IO[str] | None) -> It
                 raise EnqueueError(f"{path}: not valid JSON ({exc})") from None
             if not isinstance(data, list):
                 raise EnqueueError(f"{path}: a JSON file must hold a list of task inputs")
-            yield from data
+            for number, task in enumerate(data, start=1):
+                yield f"{path} item {number}", task
         else:
             yield from _jsonl(handle, str(path))
 
@@ -279,17 +303,18 @@ def _format_of(path: Path) -> str:
     )
 
 
-def _jsonl(handle: IO[str], name: str) -> Iterator[Any]:
+def _jsonl(handle: IO[str], name: str) -> Iterator[tuple[str, Any]]:
     for number, line in enumerate(handle, start=1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            task = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise EnqueueError(f"{name} line {number}: not valid JSON ({exc.msg})") from None
+            raise EnqueueError(f"{name}:{number}: not valid JSON ({exc.msg})") from None
+        yield f"{name}:{number}", task
 
 
-def _parquet(path: Path) -> Iterator[Any]:
+def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -298,4 +323,5 @@ def _parquet(path: Path) -> Iterator[Any]:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
         raise EnqueueError(f"{path}: not a readable Parquet file ({exc})") from None
-    yield from table.to_pylist()
+    for number, row in enumerate(table.to_pylist(), start=1):
+        yield f"{path} row {number}", row

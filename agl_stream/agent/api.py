@@ -6,6 +6,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -119,6 +120,17 @@ def as_agent(obj: object) -> LitAgent:
     raise TypeError(f"{obj!r} is not an agent: use @rollout on a function or subclass LitAgent")
 
 
+def _raised_where(exc: Exception) -> str:
+    """`RuntimeError: boom at agent.py:3`: the error and the line of the module's code."""
+    if isinstance(exc, SyntaxError):  # its message names the file and line already
+        return f"{type(exc).__name__}: {exc}"
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")
+    ]  # <frozen importlib._bootstrap> frames say nothing of the agent's code
+    place = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{place}"
+
+
 def load_agent(spec: str) -> LitAgent:
     """Import "package.module:attribute" and make an agent of it."""
     module_name, _, attr = spec.partition(":")
@@ -130,6 +142,10 @@ def load_agent(spec: str) -> LitAgent:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code ran: it may raise anything
+        raise ValueError(
+            f"cannot import agent module {module_name!r}: {_raised_where(exc)}"
+        ) from exc
     try:
         obj = getattr(module, attr)
     except AttributeError:

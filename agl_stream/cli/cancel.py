@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import asyncpg
 import click
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import DBAPIError
 
 from agl_stream.cancel import (
     OPEN_STATUSES,
@@ -23,6 +25,7 @@ from agl_stream.cancel import (
 from agl_stream.cli.common import (
     AppContext,
     console,
+    database_error,
     err_console,
     fail,
     friendly_errors,
@@ -166,9 +169,12 @@ def _choose(
         found = run(ask())
     except CancelError as exc:
         raise click.UsageError(str(exc)) from None
-    except OSError as exc:
-        hint = "; --force cancels the ids without looking them up" if rollout_ids else ""
-        fail(f"cannot reach the read model's database: {exc.strerror or exc}{hint}")
+    except (OSError, asyncpg.PostgresError, DBAPIError) as exc:
+        problem = database_error(exc)
+        if problem is None:
+            raise
+        hint = " (--force cancels the ids without looking them up)" if rollout_ids else ""
+        fail(f"{problem}{hint}")
     if isinstance(found, list):
         return _Chosen(open=found)
     if found.unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import re
 import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -17,9 +18,11 @@ import asyncpg
 import click
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
+from sqlalchemy.exc import DBAPIError
 
 from agl_stream.auth import AuthSettings
 from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
+from agl_stream.db.problems import database_problem
 from agl_stream.embedded.process import StackError
 from agl_stream.kafka import KafkaCredentialsRefused
 from agl_stream.metrics import MetricsError
@@ -39,6 +42,7 @@ class AppContext:
     bootstrap_servers: str | None
     topic_prefix: str | None
     database_url: str | None
+    database_used: DatabaseSettings | None = None  # what database() gave, for error messages
 
     def kafka(self) -> KafkaSettings:
         return load(
@@ -46,7 +50,17 @@ class AppContext:
         )
 
     def database(self) -> DatabaseSettings:
-        return load(DatabaseSettings, database_url=self.database_url)
+        self.database_used = load(DatabaseSettings, database_url=self.database_url)
+        return self.database_used
+
+    def database_setting(self) -> str:
+        """The setting that gave the database URL, and the URL without its password."""
+        url = (self.database_used or self.database()).display_url()
+        if self.database_url is not None:
+            return f"--database-url ({url})"
+        if os.environ.get("AGL_STREAM_DATABASE_URL") is not None:
+            return f"AGL_STREAM_DATABASE_URL ({url})"
+        return f"AGL_STREAM_DATABASE_URL (not set: the default, {url})"
 
     def auth(self) -> AuthSettings:
         """The bearer tokens (environment only: a flag would show them in `ps`)."""
@@ -95,7 +109,7 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         except QueryError as exc:
             fail(f"bad query: {exc}", code=2)
         except TimeoutError as exc:
-            fail(str(exc) or "timed out")
+            fail(database_error(exc) or str(exc) or "timed out")
         except (StackError, TopicsNotReady, TopicSpecError, MetricsError) as exc:
             fail(str(exc))
         except KafkaCredentialsRefused as exc:
@@ -104,10 +118,23 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             fail(f"cannot reach the Kafka brokers ({exc}); is the stack up (`agl-stream up`)?")
         except KafkaError as exc:
             fail(f"the broker refused: {exc}")
-        except (OSError, asyncpg.PostgresError) as exc:
-            fail(f"{exc}")
+        except (OSError, asyncpg.PostgresError, DBAPIError) as exc:
+            fail(database_error(exc) or f"{exc}")
 
     return wrapper
+
+
+def database_error(exc: BaseException) -> str | None:
+    """A database error as a sentence that names the setting to change (the URL without its
+    password); None for an error that did not come from PostgreSQL."""
+    problem = database_problem(exc)
+    if problem is None:
+        return None
+    ctx = click.get_current_context(silent=True)
+    app = ctx.find_object(AppContext) if ctx is not None else None
+    if app is None or app.database_used is None:  # not the configured database (`up`'s own)
+        return problem
+    return f"{app.database_setting()}: {problem}"
 
 
 @contextmanager
@@ -116,11 +143,6 @@ def _socket_errors(doing: str) -> Iterator[None]:
         yield
     except OSError as exc:
         fail(f"{doing}: {exc.strerror or exc}")
-
-
-def reaching(what: str) -> contextlib.AbstractContextManager[None]:
-    """Say which service could not be reached, instead of a bare socket error."""
-    return _socket_errors(f"cannot reach {what}")
 
 
 def listening_on(address: str) -> contextlib.AbstractContextManager[None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, reaching, run
+from agl_stream.cli.common import AppContext, console, friendly_errors, run
 from agl_stream.db.migrate import current_revision, head_revision, migrate
 
 
@@ -19,8 +19,7 @@ def db() -> None:
 def upgrade(app: AppContext) -> None:
     """Create the database if needed and migrate it to the newest schema. Safe to run again."""
     settings = app.database()
-    with reaching(f"PostgreSQL at {settings.display_url()}"):
-        revision = run(migrate(settings))
+    revision = run(migrate(settings))
     console.print(f"{settings.display_url()} is at schema revision {revision}", highlight=False)
 
 
@@ -29,7 +28,5 @@ def upgrade(app: AppContext) -> None:
 @friendly_errors
 def current(app: AppContext) -> None:
     """Print the database's schema revision and the newest one this release knows."""
-    settings = app.database()
-    with reaching(f"PostgreSQL at {settings.display_url()}"):
-        revision = run(current_revision(settings))
+    revision = run(current_revision(app.database()))
     console.print(f"current: {revision or 'none'}  newest: {head_revision()}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from agl_stream.enqueue import (
     RolloutOptions,
     batch_key,
     enqueue_batch,
-    read_tasks,
+    read_located_tasks,
 )
 from agl_stream.events import AttemptStatus, RolloutMode
 
@@ -99,6 +100,12 @@ def enqueue_command(
     is not repeated); --again queues them as new rollouts."""
     if source is not None and not source.is_file():
         raise click.BadParameter(f"no such file: {source}", param_hint="SOURCE")
+    if key is not None and not key.strip():
+        raise click.BadParameter(
+            "an empty key names nothing: give a name, or leave --key out for a digest of the "
+            "task inputs and options",
+            param_hint="--key",
+        )
     options = RolloutOptions(
         mode=RolloutMode(mode), resources_id=resources_id, timeout_seconds=timeout_seconds,
         unresponsive_seconds=unresponsive_seconds, max_attempts=max_attempts,
@@ -106,9 +113,10 @@ def enqueue_command(
         metadata=parse_key_values(metadata, "--metadata"),
     )  # fmt: skip
     try:
-        tasks = list(read_tasks(source, fmt, sys.stdin))
+        located = list(read_located_tasks(source, fmt, sys.stdin))
     except EnqueueError as exc:
         raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+    where, tasks = [place for place, _ in located], [task for _, task in located]
     if not tasks:
         raise click.UsageError("no task inputs to queue")
     if again and key is not None:
@@ -118,12 +126,9 @@ def enqueue_command(
     columns = (TextColumn("queuing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=print_ids) as progress:
         bar = progress.add_task("queuing", total=len(tasks))
+        sent = functools.partial(progress.advance, bar)
         try:
-            done = run(
-                enqueue_batch(
-                    app.kafka(), tasks, options, key, on_sent=lambda n: progress.advance(bar, n)
-                )
-            )
+            done = run(enqueue_batch(app.kafka(), tasks, options, key, sent, where=where))
         except EnqueueError as exc:
             raise click.UsageError(str(exc)) from None
     if print_ids:

@@ -12,9 +12,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from agl_stream.config import DatabaseSettings
+from agl_stream.db.engine import async_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 READ_MODEL_MIGRATIONS = Path(__file__).parent / "read_model"
@@ -30,10 +30,17 @@ def alembic_config(location: Path = MIGRATIONS) -> Config:
 
 def check_schema_name(name: str) -> str:
     """A read model's PostgreSQL schema name: lowercase letters, digits, underscores."""
-    if not _SCHEMA_NAME.match(name) or name in {"public", "information_schema"}:
+    # PostgreSQL keeps pg_* for its own schemas and refuses to create one.
+    if (
+        not _SCHEMA_NAME.match(name)
+        or name.startswith("pg_")
+        or name in {"public", "information_schema"}
+    ):
+        shown = repr(name if len(name) <= 70 else f"{name[:70]}...")
         raise ValueError(
-            f"{name!r} cannot name a read model: use lowercase letters, digits and "
-            "underscores, starting with a letter (at most 63), and not 'public'"
+            f"{shown} cannot name a read model: use lowercase letters, digits and "
+            "underscores, starting with a letter (at most 63), not starting with pg_, and "
+            "not 'public' or 'information_schema'"
         )
     return name
 
@@ -59,7 +66,7 @@ async def migrate(settings: DatabaseSettings) -> str | None:
     """Upgrade the control tables and every read model to head, creating the first read
     model when there is none; returns the control revision afterwards."""
     await ensure_database(settings)
-    engine = create_async_engine(settings.sqlalchemy_url)
+    engine = async_engine(settings)
     try:
         async with engine.begin() as conn:
             # One migrator at a time (several workers may start together).
@@ -89,7 +96,7 @@ async def migrate(settings: DatabaseSettings) -> str | None:
 async def create_read_model(settings: DatabaseSettings, name: str, description: str) -> None:
     """A new, empty read model schema at head, registered as 'building' (not active)."""
     check_schema_name(name)
-    engine = create_async_engine(settings.sqlalchemy_url)
+    engine = async_engine(settings)
     try:
         async with engine.begin() as conn:
             exists = await conn.execute(
@@ -97,6 +104,14 @@ async def create_read_model(settings: DatabaseSettings, name: str, description: 
             )
             if exists.first() is not None:
                 raise ValueError(f"a read model named {name!r} exists already")
+            taken = await conn.execute(
+                text("SELECT 1 FROM pg_namespace WHERE nspname = :name"), {"name": name}
+            )
+            if taken.first() is not None:  # a read model's schema would mix into it
+                raise ValueError(
+                    f"the database has a schema named {name!r} that is not a read model; "
+                    "choose another name"
+                )
             await conn.execute(
                 text(
                     "INSERT INTO read_models (name, state, description) "
@@ -114,7 +129,7 @@ def head_revision() -> str | None:
 
 
 async def current_revision(settings: DatabaseSettings) -> str | None:
-    engine = create_async_engine(settings.sqlalchemy_url)
+    engine = async_engine(settings)
     try:
         async with engine.connect() as conn:
             return await conn.run_sync(_current)

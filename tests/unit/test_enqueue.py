@@ -39,7 +39,7 @@ def test_parquet(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text", "words"),
     [
-        ("bad.jsonl", '{"q": 1}\n{oops\n', "bad.jsonl line 2: not valid JSON"),
+        ("bad.jsonl", '{"q": 1}\n{oops\n', "bad.jsonl:2: not valid JSON"),
         ("bad.json", '{"not": "a list"}', "must hold a list"),
         ("bad.txt", "x", "unknown file type '.txt'"),
     ],
@@ -68,7 +68,7 @@ def test_cli_rejects_bad_input_before_touching_the_broker(tmp_path: Path) -> Non
     (tmp_path / "bad.jsonl").write_text("{oops\n")
     runner = CliRunner()
     result = runner.invoke(cli, ["enqueue", str(tmp_path / "bad.jsonl")])
-    assert result.exit_code == 2 and "line 1: not valid JSON" in result.output
+    assert result.exit_code == 2 and "bad.jsonl:1: not valid JSON" in result.output
     result = runner.invoke(cli, ["enqueue", str(tmp_path / "missing.jsonl")])
     assert result.exit_code == 2 and "no such file" in result.output
     result = runner.invoke(cli, ["enqueue", "--metadata", "novalue"], input='{"a": 1}\n')
