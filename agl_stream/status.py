@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.db.migrate import head_revision
+from agl_stream.db.problems import database_problem
 from agl_stream.kafka import admin_client, end_offsets, started
 from agl_stream.projection.projector import PROJECTED_TOPICS, projector_group
 from agl_stream.topic_spec import load_topic_specs
@@ -218,8 +219,9 @@ async def _database(settings: DatabaseSettings) -> tuple[DatabaseStatus, Stored]
     """The database's state, and the active read model's offsets (none where it has none)."""
     try:
         conn = await asyncpg.connect(settings.asyncpg_dsn, timeout=5)
-    except Exception as exc:  # noqa: BLE001
-        return DatabaseStatus(False, f"{type(exc).__name__}: {exc}", head=head_revision()), {}
+    except Exception as exc:  # noqa: BLE001 - said as a sentence where it can be
+        detail = database_problem(exc) or f"{type(exc).__name__}: {exc}"
+        return DatabaseStatus(False, detail, head=head_revision()), {}
     try:
         version = await conn.fetchval("SHOW server_version")
         has_table = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")

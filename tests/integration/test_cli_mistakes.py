@@ -191,3 +191,15 @@ async def test_a_projector_on_a_database_not_migrated_stops_with_a_sentence(
         assert "`agl-stream db upgrade`" in text
     finally:
         await _drop_database(backend, name)
+
+
+async def test_status_says_why_the_database_cannot_be_used(backend: Backend, unique: str) -> None:
+    base = load(DatabaseSettings, database_url=backend.database_url)
+    url = base.with_database(f"nodb_{unique}").asyncpg_dsn
+    env = {
+        "AGL_STREAM_DATABASE_URL": url,
+        "AGL_STREAM_BOOTSTRAP_SERVERS": backend.bootstrap_servers,
+    }
+    text = said(await invoke(["status"], env), 1)
+    assert f'database "nodb_{unique}" does not exist' in text
+    assert "InvalidCatalogNameError" not in text
