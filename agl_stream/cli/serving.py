@@ -42,8 +42,9 @@ def _url(value: str) -> str:
 @click.option(
     "--model",
     "model_spec",
-    metavar="tiny|tiny-chat|DIR",
-    help="Serve this model as it is, instead of following the resources topic.",
+    metavar="tiny|tiny-chat|NAME|FILE.gguf|DIR",
+    help="Serve this model as it is, instead of following the resources topic (NAME: a "
+    "pretrained model's short name, such as smollm2-135m-instruct).",
 )
 @click.option(
     "--resource",

@@ -35,7 +35,9 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      "S3-compatible store, boto3's AWS_* settings; pip install "
                      "'agl-stream[s3]')."),
         click.option("--init-model", default="tiny", show_default=True,
-                     help="The policy of a fresh run: 'tiny' (random, CPU) or a checkpoint path."),
+                     help="The policy of a fresh run: 'tiny' (random, CPU), a pretrained "
+                          "model's short name (smollm2-135m-instruct), a .gguf file or a Hugging "
+                          "Face folder."),
         click.option("--run-name",
                      help="Prefix of the resources ids the trainer publishes. "
                           "[default: the algorithm's name]"),
@@ -69,6 +71,10 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True),
         click.option("--epochs", type=click.IntRange(1), default=2, show_default=True,
                      help="Passes over each batch."),
+        click.option("--temperature", type=click.FloatRange(0, min_open=True), default=1.0,
+                     show_default=True,
+                     help="The sampling temperature the agents use: the logprobs are "
+                          "recomputed under it, as the sampler recorded them."),
         click.option("--max-steps", type=click.IntRange(1), default=None,
                      help="Stop after this many steps (counting those of resumed checkpoints)."),
         click.option("--start", type=click.Choice(["earliest", "latest"]), default="earliest",
@@ -150,6 +156,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
             )
         grpo = GRPOConfig(
             learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"],
+            temperature=options["temperature"],
             minibatch_size=options["minibatch_size"],
             micro_batch_tokens=options["micro_batch_tokens"],
             gradient_checkpointing=options["gradient_checkpointing"],

@@ -151,8 +151,9 @@ def _dtype_option() -> str:
 
 
 def initial_policy(spec: str, seed: int, placement: Placement | None = None) -> Policy:
-    """`tiny`, `tiny-chat` (either with `-h32`: the head size vLLM's CPU kernels accept) or
-    the path of a local checkpoint."""
+    """`tiny`, `tiny-chat` (either with `-h32`: the head size vLLM's CPU kernels accept), a
+    pretrained model's short name, a GGUF file, or the path of a local checkpoint
+    (pretrained.py resolves them)."""
     heads = 2 if spec.endswith(WIDE_HEADS) else 4
     name = spec.removesuffix(WIDE_HEADS)
     if name in (TINY, TINY_CHAT):
@@ -160,7 +161,9 @@ def initial_policy(spec: str, seed: int, placement: Placement | None = None) -> 
         if placement is not None:
             policy.model.to(device=placement.device, dtype=placement.torch_dtype)
         return policy
-    return load_policy(spec, placement)
+    from agl_stream.training.pretrained import resolve_model
+
+    return load_policy(resolve_model(spec), placement)
 
 
 def save_policy(policy: Policy, directory: Path) -> None:

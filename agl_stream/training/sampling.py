@@ -85,12 +85,25 @@ def token_batch(
 
 
 def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
-    """log p(token t+1 | tokens <= t) for every position, shape (batch, width - 1)."""
+    """log p(token t+1 | tokens <= t), shape (batch, width - 1), from the batch's first
+    response position on; 0 before it, where no row has a response token. The logits of
+    those prompt positions are not computed (Hugging Face's `logits_to_keep`): with a real
+    vocabulary (49,152 words for SmolLM2) they were a large share of a short answer's update."""
+    width = batch.input_ids.shape[1]
+    first = first_response_position(batch)
     logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-    ).logits
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+        logits_to_keep=width - first,
+    ).logits  # fmt: skip
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, batch.targets[:, first:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(picked, (first, 0))
+
+
+def first_response_position(batch: TokenBatch) -> int:
+    """The first position whose logits predict a response token in any row (0: none)."""
+    columns = batch.response_mask.any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
 
 
 def old_logprobs(

@@ -57,6 +57,7 @@ from agl_stream.training.model import (
     save_policy,
     set_threads,
 )
+from agl_stream.training.pretrained import resolve_model
 from agl_stream.training.retention import InFlight, prunable
 from agl_stream.training.trajectories import (
     TRAINED_TOPICS,
@@ -509,8 +510,8 @@ class Trainer:
             return policy
         if cfg.init_model in (TINY, TINY_CHAT):  # a base that exists only here: saved once
             base = self.store.write_base(lambda directory: save_policy(policy, directory))
-        else:
-            base = checkpoint_root(cfg.init_model)
+        else:  # a pretrained model's name or a GGUF file: its converted folder
+            base = checkpoint_root(str(resolve_model(cfg.init_model)))
         self._base = {"uri": base.as_uri(), "content_hash": content_hash(base)}
         return with_adapter(policy, cfg.lora)
 
