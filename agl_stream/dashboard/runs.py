@@ -1,6 +1,8 @@
 """Training runs as the resources topic tells them (pure): the GRPO trainer publishes a
 version per step with `run_name`, `step`, `mean_reward` and counts in its metadata; APO
-publishes each best prompt with `apo_run`, `round` and `val_score`."""
+publishes each best prompt with `apo_run`, `round` and `val_score`; the real demo publishes
+each held-out evaluation (pin-only) with `heldout_run`, `heldout_step` and
+`heldout_accuracy`, a run of its own (algorithm "heldout") beside the training run."""
 
 from __future__ import annotations
 
@@ -20,14 +22,15 @@ class RunPoint(BaseModel):
     step: int  # GRPO: the step; APO: the round
     resources_id: str
     published_at: datetime
-    reward: float | None  # GRPO: the step's mean reward; APO: the best prompt's val score
+    # GRPO: the step's mean reward; APO: the best prompt's val score; heldout: the accuracy
+    reward: float | None
     counts: dict[str, int]
     samples_per_second: float | None = None  # samples over the time since the previous point
 
 
 class Run(BaseModel):
     name: str
-    algorithm: str  # grpo | apo
+    algorithm: str  # grpo | apo | heldout
     versions: int
     first_published_at: datetime
     last_published_at: datetime
@@ -79,6 +82,9 @@ def _point(version: Resources) -> tuple[tuple[str, str], RunPoint] | None:
         key, step, reward = ("grpo", m["run_name"]), m["step"], m.get("mean_reward")
     elif "apo_run" in m and "val_score" in m:
         key, step, reward = ("apo", m["apo_run"]), m.get("round", "0"), m["val_score"]
+    elif "heldout_run" in m and "heldout_accuracy" in m:
+        key = ("heldout", m["heldout_run"])
+        step, reward = m.get("heldout_step", "0"), m["heldout_accuracy"]
     else:
         return None
     counts = {k: int(m[k]) for k in COUNTS if _is_int(m.get(k))}

@@ -53,3 +53,36 @@ def plot_rewards(points: Sequence[StepPoint], path: Path, config: Any) -> Path:
     figure.savefig(path)
     plt.close(figure)
     return path
+
+
+def plot_heldout(evals: Sequence[Any], points: Sequence[StepPoint], path: Path, model: str) -> Path:
+    """Held-out accuracy (with its 95% interval) and the steps' mean reward, by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    if points:
+        axes.plot(
+            [p.step for p in points], [p.mean_reward for p in points], color="grey",
+            linewidth=1, alpha=0.6, label="training reward (sampled, T=0.7)",
+        )  # fmt: skip
+    if evals:
+        steps = [e.step for e in evals]
+        accuracy = [e.accuracy for e in evals]
+        low = [e.interval[0] for e in evals]
+        high = [e.interval[1] for e in evals]
+        axes.fill_between(steps, low, high, alpha=0.2, label="95% interval")
+        axes.plot(steps, accuracy, marker="o", linewidth=2, label="held-out accuracy (greedy)")
+    axes.set_xlabel("step (policy version)")
+    axes.set_ylabel("fraction correct")
+    axes.set_ylim(0, 1.0)
+    axes.set_title(f"agl-stream demo: GRPO on {model}, CPU")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -25,6 +25,7 @@ from aiokafka import TopicPartition
 from sqlalchemy.exc import SQLAlchemyError
 
 from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment
+from agl_stream.demo.heldout import EvalPoint, Evaluation, evaluate, publish_result
 from agl_stream.demo.task import tasks
 from agl_stream.embedded.process import free_port
 from agl_stream.enqueue import RolloutOptions, make_rollout
@@ -69,9 +70,26 @@ class DemoConfig:
     # 16: with vllm the trainer starts from the same model with 2 heads of 32.
     engine: str = "torch"
     vllm_args: tuple[str, ...] = ("--vllm-enforce-eager",)
+    # A pretrained model (pretrained.py) instead of the tiny one, and what its trainer and
+    # policy server are run with (real.py builds these for the real task).
+    model: str | None = None
+    trainer_args: tuple[str, ...] = ()
+    serve_args: tuple[str, ...] = ()
+    # The held-out set, evaluated through the pipeline as val rollouts (heldout.py).
+    evaluation: Evaluation | None = None
+    policy_port: int | None = None  # None: any free port (a benchmark watches a fixed one)
+
+    def __post_init__(self) -> None:
+        if self.evaluation is not None and self.max_staleness:
+            raise ValueError(
+                "a held-out evaluation needs on-policy steps (max_staleness 0): with overlap "
+                "the policy server may move to the next version in the middle of it"
+            )
 
     @property
     def init_model(self) -> str:
+        if self.model is not None:
+            return self.model
         return "tiny-h32" if self.engine == "vllm" else "tiny"
 
     @property
@@ -126,6 +144,7 @@ def workers(
     serve = [
         sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port),
         "--engine", config.engine, *(config.vllm_args if config.engine == "vllm" else ()),
+        *config.serve_args,
     ]  # fmt: skip
     commands = {
         "policy-server": serve,
@@ -136,6 +155,7 @@ def workers(
             "--max-staleness", str(config.trainer_staleness),
             "--learning-rate", str(config.learning_rate), "--seed", str(config.seed),
             "--start", "latest", "--heartbeat", "2", "--init-model", config.init_model,
+            *config.trainer_args,
         ),
         "projector": _worker_command("projector", "--heartbeat", "2"),
         **{
@@ -178,11 +198,14 @@ async def drive(
     alive: Callable[[], str | None],
     on_step: Callable[[StepPoint], None],
     policy_url: str | None = None,
+    on_eval: Callable[[EvalPoint], None] | None = None,
 ) -> list[StepPoint]:
     """Follow the trainer's versions; enqueue a step of tasks pinned to each; return the
     mean reward of every step. `alive()` names a worker that died, to stop early. The
     first step waits until the policy server at `policy_url` serves its version (vLLM
-    takes a minute or two to start; the attempts would time out meanwhile)."""
+    takes a minute or two to start; the attempts would time out meanwhile). With an
+    evaluation, a version due for one is evaluated (its held-out set run to the end) before
+    the next step's tasks are queued, so that version alone answers it."""
     topics = Topics(kafka)
     tps = [
         TopicPartition(topics.name("resources"), p)
@@ -191,6 +214,7 @@ async def drive(
     rng = random.Random(config.seed)
     points: list[StepPoint] = []
     enqueued: set[int] = set()
+    evaluated: set[int] = set()
     ends = await end_offsets(kafka, tps)
     async with consumer(kafka) as follower, producer(kafka, linger_ms=5) as prod:
         publisher = EventPublisher(prod, topics)
@@ -226,6 +250,16 @@ async def drive(
                 # newest version when they are queued; they train one update later).
                 if not enqueued and policy_url is not None:
                     await _served(policy_url, event.resources_id, alive, config)
+                    progressed = loop.time()
+                judged = config.evaluation
+                if judged is not None and judged.due(step, config.steps) and step not in evaluated:
+                    evaluated.add(step)
+                    result = await evaluate(
+                        kafka, publisher, judged, event.resources_id, step, config.run_name
+                    )
+                    await publish_result(kafka, result, config.run_name)
+                    if on_eval is not None:
+                        on_eval(result)
                     progressed = loop.time()
                 for ahead in range(step, step + 1 + config.max_staleness):
                     if ahead < config.steps and ahead not in enqueued:
@@ -290,10 +324,11 @@ def run_demo(
     database: DatabaseSettings,
     on_step: Callable[[StepPoint], None],
     after: Callable[[list[StepPoint]], Awaitable[None]] | None = None,
+    on_eval: Callable[[EvalPoint], None] | None = None,
 ) -> list[StepPoint]:
     """Train for config.steps; then `after(points)` runs while the workers still do (to
     validate the last version, say)."""
-    port = free_port()
+    port = config.policy_port or free_port()
     asyncio.run(publish_endpoint(kafka, config, port))
     with workers(config, kafka, database, port) as processes:
 
@@ -303,7 +338,8 @@ def run_demo(
         started = datetime.now(UTC)
 
         async def train() -> list[StepPoint]:
-            points = await drive(kafka, config, alive, on_step, f"http://127.0.0.1:{port}")
+            url = f"http://127.0.0.1:{port}"
+            points = await drive(kafka, config, alive, on_step, url, on_eval)
             if after is not None:
                 await after(points)
             return points
