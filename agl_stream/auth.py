@@ -3,9 +3,12 @@ dashboard, the store): one setting, one check, one aiohttp middleware.
 
 With AGL_STREAM_API_TOKEN set, a request passes when it carries `Authorization: Bearer
 <token>` (or, from a browser that signed in through `login`, a cookie derived from the
-token); anything else gets a 401 that says what to send. Liveness and metrics paths stay open
-so that probes and scrapers need no credential (they carry no rollout data). Unset, nothing
-is checked: one machine's embedded stack listens on loopback only.
+token); anything else gets a 401 that says what to send. Only the liveness path (/health)
+stays open, for probes. /metrics needs the token too: it names no rollout, but it tells
+whoever asks what runs and how hard (calls, tokens, rewards posted, refusals), and one rule
+("with a token, everything but /health needs it") is one an operator can check; Prometheus
+sends it as any client does (`authorization: {credentials_file: ...}` in a scrape config).
+Unset, nothing is checked: one machine's embedded stack listens on loopback only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pydantic import Field, SecretStr, field_validator
 from agl_stream.config import _Settings
 
 TOKEN_VARIABLE = "AGL_STREAM_API_TOKEN"
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health"})
 COOKIE = "agl_stream_session"
 MIN_TOKEN_LENGTH = 16
 

@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agl_stream import auth, http_errors
 from agl_stream.telemetry.spans import NO_TRACER, WorkerTracer
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ GAUGES = frozenset({
 LABELLED = {"rollouts_": ("rollouts", "status"), "attempts_": ("attempts", "status")}
 LABELLED_ROLES = {"runner": PREFIX, "apo": f"{PREFIX}_apo"}
 ENDED_BY = {"runner": "this runner ended", "apo": "of APO's batches that ended"}
+# Its routes are GETs: a body is never read, and a small one is all a client may send.
+METRICS_MAX_BODY = 64 * 1024
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -145,16 +148,20 @@ class WorkerMetrics:
 
 @contextlib.asynccontextmanager
 async def serving_metrics(
-    metrics: WorkerMetrics | None, host: str, port: int
+    metrics: WorkerMetrics | None, host: str, port: int, token: str | None = None
 ) -> AsyncIterator[int | None]:
     """GET /metrics on host:port while the block runs (in this event loop); nothing when
-    `metrics` is None or the port is 0. Yields the port it listens on."""
+    `metrics` is None or the port is 0. Yields the port it listens on. With a `token`,
+    /metrics needs it as a bearer token (agl_stream.auth); GET /health stays open (a probe)."""
     if metrics is None or not port:
         yield None
         return
 
-    app = web.Application()
+    app = web.Application(client_max_size=METRICS_MAX_BODY)
+    auth.protect(app, token)
+    http_errors.install(app)
     app.router.add_get("/metrics", metrics.respond)
+    app.router.add_get("/health", _alive)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -170,3 +177,7 @@ async def serving_metrics(
         yield port
     finally:
         await runner.cleanup()
+
+
+async def _alive(_: web.Request) -> web.Response:
+    return web.Response(text="ok")

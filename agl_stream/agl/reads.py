@@ -147,6 +147,14 @@ class Reads:
         return f'"{self.schema}".{name}'
 
     async def fetch(self, query: str, *params: Any) -> list[asyncpg.Record]:
+        for param in params:
+            for text in param if isinstance(param, list) else [param]:
+                if isinstance(text, str) and "\x00" in text:
+                    # (ids are checked before this; a name filter, say, is not an id)
+                    raise ValueError(
+                        "text with a NUL character (U+0000) cannot be looked for: the read "
+                        "model holds none"
+                    )
         async with self.pool.acquire() as conn:
             return list(await conn.fetch(query, *params))
 

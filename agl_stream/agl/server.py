@@ -1,9 +1,18 @@
 """Agent Lightning's HTTP store protocol (its LightningStoreServer: the routes its
 LightningStoreClient speaks and the OTLP/HTTP traces endpoint, /v1/traces) over an
-AglStreamStore, with the store's refusals answered 400 with the reason. With a token
-(AGL_STREAM_API_TOKEN), every call but the health check needs it as a bearer token, as on
-agl-stream's other servers; Agent Lightning's own client sends none, so processes use
-`TokenStoreClient` (below), which does."""
+AglStreamStore, with the store's refusals answered 400 with the reason (an id that breaks the
+id rule among them), an unknown rollout 404, data too large for one Kafka record 413, a body
+over agl_stream.agl.guard's limit 413, and anything unexpected a bare 500 with an error id
+(guard.py). With a token (AGL_STREAM_API_TOKEN), every call but the health check needs it as a
+bearer token, as on agl-stream's other servers; Agent Lightning's own client sends none, so
+processes use `TokenStoreClient` (below), which does.
+
+/v1/traces takes spans into any existing attempt its caller names (Agent Lightning's runners
+send their agents' spans there, naming their attempt in resource attributes, with no
+credential of the attempt's own), as POST /v1/agl/spans does: the store's callers are trusted
+as Agent Lightning's are, which is why the token guards every route. Spans from other systems
+go to `agl-stream ingest otlp` instead, which lets a span join only attempts it started
+(agl_stream.otlp.mapping)."""
 
 from __future__ import annotations
 
@@ -14,14 +23,21 @@ from typing import Any
 import aiohttp
 from agentlightning.store.client_server import LightningStoreClient, LightningStoreServer
 from agentlightning.utils.server_launcher import PythonServerLauncherArgs
+from aiokafka.errors import MessageSizeTooLargeError
 from fastapi import Request
+from fastapi.exceptions import ResponseValidationError
 from fastapi.responses import JSONResponse, Response
 
 from agl_stream.agl.core import StoreFenced
+from agl_stream.agl.guard import StoreGuard
 from agl_stream.agl.store import AglStreamStore
 from agl_stream.auth import TOKEN_VARIABLE
+from agl_stream.http_errors import ERROR_ID_HEADER, unexpected
 
 HEALTH = "/v1/agl/health"
+# aiokafka's default max_request_size, which the store's producer keeps: the most one record
+# (a rollout with its input, an attempt, a span) can be.
+RECORD_LIMIT = 1_048_576
 
 
 def store_server(
@@ -53,12 +69,37 @@ def store_server(
     async def fenced(_: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
+    async def too_large(_: Request, exc: Exception) -> JSONResponse:
+        message = (
+            "the request's data does not fit one Kafka record, which holds at most "
+            f"{RECORD_LIMIT:,} bytes: send a smaller input, metadata or span"
+        )
+        return JSONResponse(status_code=413, content={"detail": message})
+
     server.app.add_exception_handler(ValueError, refused)
     server.app.add_exception_handler(TypeError, refused)
     server.app.add_exception_handler(StoreFenced, fenced)
+    server.app.add_exception_handler(MessageSizeTooLargeError, too_large)
+    server.app.add_exception_handler(ResponseValidationError, _not_found)
     if token is not None:
         server.app.middleware("http")(_bearer_check(token))
+    server.app.add_middleware(StoreGuard)  # outermost: it sees what the token check answers too
     return server
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    """An answer its route's model refuses: None where a rollout was asked for by id is a
+    rollout that does not exist (404); anything else is a fault of the server's (500)."""
+    assert isinstance(exc, ResponseValidationError)
+    rollout_id = request.path_params.get("rollout_id")
+    if exc.body is None and request.method == "GET" and rollout_id is not None:
+        return JSONResponse(
+            status_code=404, content={"detail": f"rollout {rollout_id!r} does not exist"}
+        )
+    error_id, message = unexpected(request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=500, content={"detail": message}, headers={ERROR_ID_HEADER: error_id}
+    )
 
 
 def _bearer_check(

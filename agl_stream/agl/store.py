@@ -64,6 +64,7 @@ from agl_stream.agl.records import (
 )
 from agl_stream.agl.spans import from_row, to_event
 from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.events.ids import require_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -362,6 +363,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
+        _check_ids(resources_id=resources_id or None, worker_id=worker_id)  # "": the latest
+
         async def work(core: Core) -> AttemptedRollout:
             now = time.time()
             resolved = resources_id or await self._latest_resources_id(core)
@@ -399,6 +402,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def enqueue_many_rollouts(
         self, rollouts: Sequence[EnqueueRolloutRequest]
     ) -> Sequence[Rollout]:
+        _check_ids(resources_id=[r.resources_id for r in rollouts if r.resources_id])
+
         async def work(core: Core) -> list[Rollout]:
             now = time.time()
             latest = await self._latest_resources_id(core)
@@ -447,6 +452,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def dequeue_many_rollouts(
         self, *, limit: int = 1, worker_id: str | None = None
     ) -> Sequence[AttemptedRollout]:
+        _check_ids(worker_id=worker_id)
+
         async def work(core: Core) -> list[AttemptedRollout]:
             now = time.time()
             claimed: list[AttemptedRollout] = []
@@ -475,6 +482,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def start_attempt(
         self, rollout_id: str, worker_id: str | None = None
     ) -> AttemptedRollout:
+        _check_ids(rollout_id=rollout_id, worker_id=worker_id)
+
         async def work(core: Core) -> AttemptedRollout:
             record = await self._rollout(core, rollout_id)
             if record is None:
@@ -517,6 +526,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 stacklevel=2,
             )
             rollout_id_in = rollout_ids
+        _check_ids(rollout_id_in=rollout_id_in, rollout_id_contains=rollout_id_contains)
         matches = [Match("record_id", within=rollout_id_in, contains=rollout_id_contains)]
         if status_in is not None:
             matches.append(Match(record_field("status"), within=status_in))
@@ -548,6 +558,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         ]
 
     async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
+        _check_ids(rollout_id=rollout_id)
+
         async def work(core: Core) -> Rollout | None:
             record = await self._rollout(core, rollout_id)
             if record is None:
@@ -565,6 +577,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         limit: int = -1,
         offset: int = 0,
     ) -> PaginatedResult[Attempt]:
+        _check_ids(rollout_id=rollout_id)
+
         async def work(core: Core) -> PaginatedResult[Attempt]:
             rows, total = await core.reads.records(
                 "attempt",
@@ -582,6 +596,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         return await self._read(work)
 
     async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
+        _check_ids(rollout_id=rollout_id)
+
         async def work(core: Core) -> Attempt | None:
             found = await self._latest_attempt(core, rollout_id)
             return None if found is None else found.attempt
@@ -596,6 +612,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     ) -> list[Rollout]:
         """The rollouts among these that are finished, waiting (woken by the projector's
         commits, never polling in a loop) until all are or `timeout` seconds pass."""
+        _check_ids(rollout_ids=rollout_ids)
 
         async def finished(core: Core) -> list[Rollout]:
             rows, _ = await core.reads.records(
@@ -640,6 +657,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             input=input, mode=mode, resources_id=resources_id, status=status, config=config,
             metadata=metadata,
         )  # fmt: skip
+        _check_ids(rollout_id=rollout_id, resources_id=resources_id)
 
         async def work(core: Core) -> Rollout:
             record = await self._rollout(core, rollout_id)
@@ -666,6 +684,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time,
             metadata=metadata,
         )  # fmt: skip
+        _check_ids(rollout_id=rollout_id, attempt_id=attempt_id, worker_id=worker_id)
 
         async def work(core: Core) -> Attempt:
             record = await self._rollout(core, rollout_id)
@@ -735,6 +754,11 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def get_many_span_sequence_ids(
         self, rollout_attempt_ids: Sequence[tuple[str, str]]
     ) -> Sequence[int]:
+        _check_ids(
+            rollout_id=[r for r, _ in rollout_attempt_ids],
+            attempt_id=[a for _, a in rollout_attempt_ids],
+        )
+
         async def work(core: Core) -> list[int]:
             return await self._next_sequences(core, [r for r, _ in rollout_attempt_ids])
 
@@ -751,6 +775,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         readable_span: ReadableSpan,
         sequence_id: int | None = None,
     ) -> Span | None:
+        _check_ids(rollout_id=rollout_id, attempt_id=attempt_id)
+
         async def work(core: Core) -> Span | None:
             seq = sequence_id
             if seq is None:
@@ -764,6 +790,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         return await self._locked(work, scan=False)
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        _check_ids(
+            rollout_id=[s.rollout_id for s in spans], attempt_id=[s.attempt_id for s in spans]
+        )
+
         async def work(core: Core) -> list[Span]:
             return await self._add_spans(core, spans)
 
@@ -838,6 +868,12 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         sort_by: str | None = "sequence_id",
         sort_order: Literal["asc", "desc"] = "asc",
     ) -> PaginatedResult[Span]:
+        _check_ids(
+            rollout_id=rollout_id, attempt_id=attempt_id, trace_id=trace_id,
+            trace_id_contains=trace_id_contains, span_id=span_id,
+            span_id_contains=span_id_contains, parent_id=parent_id,
+            parent_id_contains=parent_id_contains,
+        )  # fmt: skip
         if sort_by is not None and sort_by not in SPAN_SORTS:
             raise ValueError(
                 f"cannot sort spans by {sort_by!r}: use one of {', '.join(SPAN_SORTS)}"
@@ -888,6 +924,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def _put_resources(
         self, resources_id: str, resources: NamedResources, new: bool
     ) -> ResourcesUpdate:
+        _check_ids(resources_id=resources_id)
         checked = _RESOURCES.validate_python(resources)
 
         async def work(core: Core) -> ResourcesUpdate:
@@ -919,6 +956,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         return await self._locked(work, scan=False)
 
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
+        _check_ids(resources_id=resources_id)
+
         async def work(core: Core) -> ResourcesUpdate | None:
             s = await core.reads.record("resources", resources_id)
             return None if s is None else _resources_record(s).update
@@ -944,6 +983,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     ) -> PaginatedResult[ResourcesUpdate]:
         # Both filters must hold (Agent Lightning takes no filter logic here).
         must, params = [], []
+        _check_ids(resources_id=resources_id, resources_id_contains=resources_id_contains)
         if resources_id is not None:
             must.append("record_id = {}")
             params.append(resources_id)
@@ -972,6 +1012,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def update_worker(
         self, worker_id: str, heartbeat_stats: dict[str, Any] | Unset = UNSET
     ) -> Worker:
+        _check_ids(worker_id=worker_id)
         updates: dict[str, Any] = {}
         if not isinstance(heartbeat_stats, Unset):
             updates["heartbeat_stats"] = dict(heartbeat_stats)  # None: TypeError, as in AGL
@@ -985,6 +1026,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         return await self._locked(work, scan=False)
 
     async def get_worker_by_id(self, worker_id: str) -> Worker | None:
+        _check_ids(worker_id=worker_id)
+
         async def work(core: Core) -> Worker | None:
             s = await core.reads.record("worker", worker_id)
             return None if s is None else _worker_record(s).worker
@@ -1002,6 +1045,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         limit: int = -1,
         offset: int = 0,
     ) -> PaginatedResult[Worker]:
+        _check_ids(worker_id_contains=worker_id_contains)
         matches = [
             Match(record_field("status"), within=status_in),
             Match("record_id", contains=worker_id_contains),
@@ -1022,6 +1066,26 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
         return await self._read(work)
+
+
+def _check_ids(**given: object) -> None:
+    """ValueError (a 400 over HTTP) naming the first given id that breaks agl-stream's id rule
+    (agl_stream.events.ids): ids come from callers, and one with a NUL would fail PostgreSQL's
+    lookup, one of 300 characters the event that carries it. None and UNSET are not given; a
+    list's items are checked each; a part of an id (`*_contains`) may also be empty."""
+    for name, value in given.items():
+        if value is None or isinstance(value, Unset):
+            continue
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if name.endswith("_contains"):
+                _checked_part(name, item)
+            else:
+                require_id(name, item)
+
+
+def _checked_part(name: str, value: Any) -> None:
+    if value != "":
+        require_id(name, value)
 
 
 def _merge(changes: list[AnyRecord]) -> list[AnyRecord]:

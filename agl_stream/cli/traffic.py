@@ -93,7 +93,8 @@ def ingest() -> None:
     "--token",
     envvar="AGL_STREAM_OTLP_TOKEN",
     metavar="TOKEN",
-    help="Bearer token the receiver requires. [env: AGL_STREAM_OTLP_TOKEN; default: none]",
+    help="Bearer token the receiver requires, and the secret of attempt keys. [env: "
+    "AGL_STREAM_OTLP_TOKEN; default: AGL_STREAM_API_TOKEN, else none]",
 )
 @click.option(
     "--collector-topic",
@@ -118,7 +119,8 @@ def ingest_otlp(
     protobuf or JSON) and/or a Collector's Kafka topic. Spans map to rollouts and attempts by
     their `agl.rollout.id` and `agl.attempt.id` attributes (span, then resource); spans
     without them are one unattributed rollout per trace (`otlp-trace-<trace id>`). A payload
-    that cannot be read gets a 400 (or a dead letter) with the reason."""
+    that cannot be read, or that names an attempt no ingester started without its key
+    (`agl.attempt.key`), gets a 400 (or a dead letter) with the reason."""
     import asyncio
 
     from agl_stream.cli.common import listening_on, stop_on_signals
@@ -130,6 +132,8 @@ def ingest_otlp(
 
     if no_http and collector_topic is None:
         raise click.UsageError("nothing to ingest: --no-http needs --collector-topic")
+    if not token:  # (an empty AGL_STREAM_OTLP_TOKEN is none)
+        token = app.auth().token  # AGL_STREAM_API_TOKEN, as every server of the process
     kafka = app.kafka()
     group = group_id or f"{kafka.topic_prefix.rstrip('.')}-otlp-ingest"
 
@@ -137,7 +141,7 @@ def ingest_otlp(
         stop = stop_on_signals()
         await ensure_topics_ready(kafka, ("rollouts", "spans", "dlq"))
         async with producer(kafka) as prod:
-            ingester = OtlpIngest(EventPublisher(prod, Topics(kafka)))
+            ingester = OtlpIngest(EventPublisher(prod, Topics(kafka)), token)
             receiver = OtlpReceiver(ingester, token)
             if not no_http:
                 with listening_on(f"{host}:{port}"):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agl_stream import auth
 from agl_stream.cancel import OPEN_STATUSES, cancel
-from agl_stream.dashboard.api import ACTIONS, KAFKA, READ_MODEL, error
+from agl_stream.dashboard.api import ACTIONS, KAFKA, READ_MODEL, error, rollout_id_of
 from agl_stream.requeue import RequeueError, requeue
 
 MAX_BODY = 64 * 1024
@@ -74,7 +74,7 @@ async def cancel_rollout(request: web.Request) -> web.Response:
     try:
         _acting(request)
         body: CancelRequest = await _body(request, CancelRequest)
-        rollout = await request.app[READ_MODEL].rollout(request.match_info["rollout_id"])
+        rollout = await request.app[READ_MODEL].rollout(rollout_id_of(request))
         if rollout.status not in OPEN_STATUSES:
             raise _Refused(409, f"rollout {rollout.rollout_id!r} is {rollout.status} already")
     except _Refused as exc:
@@ -90,7 +90,7 @@ async def requeue_rollout(request: web.Request) -> web.Response:
     try:
         _acting(request)
         await _body(request, RequeueRequest)
-        rollout = await request.app[READ_MODEL].rollout(request.match_info["rollout_id"])
+        rollout = await request.app[READ_MODEL].rollout(rollout_id_of(request))
         try:
             copy_id = await requeue(request.app[KAFKA], rollout)
         except RequeueError as exc:

@@ -14,6 +14,7 @@ from agl_stream.codec import Codec, DecodeError
 from agl_stream.config import KafkaSettings
 from agl_stream.dashboard.runs import runs_from_versions
 from agl_stream.dead_letters import DeadLetterView
+from agl_stream.events.ids import require_id
 from agl_stream.queries import NotFound, QueryError, ReadModel
 from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.queries.params import RolloutFilter
@@ -54,6 +55,19 @@ def _json(value: Any) -> web.Response:
 
 def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def error_shape(status: int, message: str, kind: str) -> web.Response:
+    """agl_stream.http_errors' answers in the API's shape."""
+    return error(status, message)
+
+
+def rollout_id_of(request: web.Request) -> str:
+    """The URL's rollout id, by the id rule (a QueryError, 400, naming it)."""
+    try:
+        return require_id("rollout_id", request.match_info["rollout_id"])
+    except ValueError as exc:
+        raise QueryError(str(exc)) from None
 
 
 @web.middleware
@@ -122,7 +136,7 @@ async def rollouts(request: web.Request) -> web.Response:
 async def rollout(request: web.Request) -> web.Response:
     _only(request, set())
     model = request.app[READ_MODEL]
-    rollout_id = request.match_info["rollout_id"]
+    rollout_id = rollout_id_of(request)
     found = await model.rollout(rollout_id)
     attempts = await model.attempts(rollout_id)
     rewards = await model.rewards(rollout_id)
@@ -138,8 +152,13 @@ async def rollout(request: web.Request) -> web.Response:
 async def spans(request: web.Request) -> web.Response:
     _only(request, {"attempt_id", "limit"})
     model = request.app[READ_MODEL]
-    rollout_id = request.match_info["rollout_id"]
+    rollout_id = rollout_id_of(request)
     attempt_id = request.query.get("attempt_id")
+    if attempt_id is not None:
+        try:
+            require_id("attempt_id", attempt_id)
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
     limit = _int(request, "limit", 10_000)
     await model.rollout(rollout_id)  # a 404 for an unknown rollout, not an empty list
     found = await model.spans(

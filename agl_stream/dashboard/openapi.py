@@ -73,7 +73,11 @@ def _strings(values: tuple[str, ...]) -> dict[str, Any]:
     return {"type": "array", "items": {"type": "string", "enum": list(values)}}
 
 
-ROLLOUT_ID = Param("rollout_id", {"type": "string"}, "the rollout's id", "path")
+# An id (agl_stream.events.ids) is 1-256 printable characters, or the route answers 400. The
+# description names a common part of that rule (word characters and .:@+-), so that an id
+# generated from it (schemathesis) is one.
+ID = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"^[\w.:@+-]+$"}
+ROLLOUT_ID = Param("rollout_id", ID, "the rollout's id", "path")
 ROUTES = [
     Route("/api/overview", api.overview, "Rollouts by status and the workers alive", Overview),
     Route(
@@ -122,7 +126,7 @@ ROUTES = [
         many=True,
         params=[
             ROLLOUT_ID,
-            Param("attempt_id", {"type": "string"}),
+            Param("attempt_id", ID),
             Param("limit", {"type": "integer", "minimum": 1, "maximum": 100_000}),
         ],
     ),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agl_stream import auth
+from agl_stream import auth, http_errors
 from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.live import Changes
@@ -26,6 +26,7 @@ def make_app(
     # (its cookie then reaches the API and the event stream). The description stays open.
     auth.protect(app, token, open_paths=auth.OPEN_PATHS | {"/api/openapi.json"}, login=True)
     auth.add_login(app, token)
+    http_errors.install(app, api.error_shape)
     app[api.READ_MODEL] = model
     app[api.KAFKA] = kafka
     app[api.ACTIONS] = bool(token)

@@ -20,7 +20,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
-from agl_stream import auth
+from agl_stream import auth, http_errors
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
 from agl_stream.codec import Codec
@@ -66,6 +66,10 @@ PUMP_SECONDS = 0.2
 # Calls without an attempt whose spans are not on the broker yet, at most: past it (the
 # broker unreachable for a while) such calls get a 503 instead of spans piling up in memory.
 MAX_WAITING_SPANS = 50_000
+# The largest legitimate request is an LLM call forwarded whole: a long conversation with
+# images inlined as base64 data URLs (OpenAI takes images of up to 20 MB each), or a process
+# agent's events with such a call's spans. 64 MiB holds a few of those; above it, a 413.
+MAX_BODY = 64 * 1024 * 1024
 
 
 class UpstreamFailed(Exception):
@@ -161,8 +165,9 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         Tracing.install()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY)
         auth.protect(app, self.token, allow=_own_credential)
+        http_errors.install(app)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
         if self.rewards is not None:
@@ -248,7 +253,8 @@ class Gateway:
 
     async def _events(self, request: web.Request) -> web.Response:
         """Events a process agent POSTs to its attempt's event URL, recorded as its spans."""
-        rollout_id, attempt_id = request.match_info["rollout"], request.match_info["attempt"]
+        rollout_id = http_errors.path_id(request, "rollout", "the rollout id")
+        attempt_id = http_errors.path_id(request, "attempt", "the attempt id")
         route = self.routes.get((rollout_id, attempt_id))
         if route is None:
             message = (
@@ -300,6 +306,9 @@ class Gateway:
             identity, endpoint = parse_path(request.path)
         except ValueError as exc:
             return _error(404, str(exc), "not_found")
+        if identity is not None:
+            http_errors.checked_id("the rollout id", identity.rollout_id)
+            http_errors.checked_id("the attempt id", identity.attempt_id)
         route = self.routes.get((identity.rollout_id, identity.attempt_id)) if identity else None
         session: Session | None = None
         key = request.headers.get(self.sessions.config.header) if self.sessions else None

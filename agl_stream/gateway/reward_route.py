@@ -9,7 +9,8 @@ JSON object or a list of them (at most 1000):
 key). `event_id` (optional, a UUID) is the reward's identity: a client that sends a reward
 again after a lost answer with the same id records it once. Each becomes a RewardRecorded on
 the rollouts topic; the answer, once the broker has them all, lists their event ids. A body
-with any problem is refused whole (400, naming it).
+with any problem is refused whole (400, naming it); a body over MAX_BODY, or a reward too
+large to be one Kafka record, is a 413 naming the limit.
 """
 
 from __future__ import annotations
@@ -21,14 +22,21 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
+from aiokafka.errors import MessageSizeTooLargeError
 
 from agl_stream.auth import credential_refusal
+from agl_stream.codec import Codec
 from agl_stream.events import RewardRecorded
 from agl_stream.gateway.wire import error_body
+from agl_stream.http_errors import read_body
 from agl_stream.late_rewards import REWARDS_TOPIC, BadReward, make_reward
+from agl_stream.runner.lane import MAX_RECORD_BYTES
 from agl_stream.streams import EventPublisher
 
 MAX_REWARDS = 1000
+# A reward is a few hundred bytes (ids, a name, a little metadata): 1000 of them at 8 KiB each
+# is the largest legitimate body.
+MAX_BODY = 8 * 1024 * 1024
 FIELDS = frozenset(
     {"rollout_id", "session", "value", "name", "attempt_id", "span_id", "source", "metadata",
      "given_at", "event_id"}
@@ -37,6 +45,12 @@ FIELDS = frozenset(
 
 class BadRewards(ValueError):
     """A body of rewards that cannot be recorded; the message names the first problem."""
+
+    status = 400
+
+
+class RewardTooLarge(BadRewards):
+    status = 413
 
 
 def parse_rewards(
@@ -51,7 +65,17 @@ def parse_rewards(
         raise BadRewards("the body is an empty list: send at least one reward")
     if len(items) > MAX_REWARDS:
         raise BadRewards(f"{len(items)} rewards in one request; at most {MAX_REWARDS}")
-    return [_reward(f"reward {i}", item, session_rollout) for i, item in enumerate(items)]
+    rewards = [_reward(f"reward {i}", item, session_rollout) for i, item in enumerate(items)]
+    codec = Codec()
+    for i, reward in enumerate(rewards):
+        # Checked before any is sent, so that the body is refused whole.
+        size = len(codec.encode(reward))
+        if size > MAX_RECORD_BYTES:
+            raise RewardTooLarge(
+                f"reward {i} is {size:,} bytes encoded, over the record limit of "
+                f"{MAX_RECORD_BYTES:,} (its metadata, most likely)"
+            )
+    return rewards
 
 
 def _reward(where: str, item: Any, session_rollout: Callable[[str], str] | None) -> RewardRecorded:
@@ -110,13 +134,24 @@ class RewardEndpoint:
         if refused is not None:
             return refused
         try:
-            rewards = parse_rewards(await request.read(), self.session_rollout)
+            body = await read_body(request, MAX_BODY, "the rewards endpoint")
+            rewards = parse_rewards(body, self.session_rollout)
         except BadRewards as exc:
             return web.Response(
-                status=400, body=error_body(str(exc), "invalid_request_error"),
+                status=exc.status, body=error_body(str(exc), "invalid_request_error"),
                 content_type="application/json",
             )  # fmt: skip
-        sent = [await self.publisher.send(REWARDS_TOPIC, r) for r in rewards]
+        try:
+            sent = [await self.publisher.send(REWARDS_TOPIC, r) for r in rewards]
+        except MessageSizeTooLargeError:  # the broker's limit is lower than agl-stream's
+            message = (
+                "a reward is larger than the broker takes in one record "
+                f"({MAX_RECORD_BYTES:,} bytes at most)"
+            )
+            return web.Response(
+                status=413, body=error_body(message, "invalid_request_error"),
+                content_type="application/json",
+            )  # fmt: skip
         await asyncio.gather(*sent)
         self.recorded += len(rewards)
         return web.json_response(

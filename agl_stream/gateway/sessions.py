@@ -24,6 +24,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.errors import MessageSizeTooLargeError
+
 from agl_stream.agent.tracing import AttemptRecorder
 from agl_stream.events import (
     AttemptFinished,
@@ -35,6 +37,7 @@ from agl_stream.events import (
     RolloutStatus,
 )
 from agl_stream.gateway.recording import AttemptRoute, call_log_id
+from agl_stream.http_errors import unexpected
 from agl_stream.streams import EventPublisher
 
 log = logging.getLogger(__name__)
@@ -120,8 +123,8 @@ class Sessions:
         starting = self._starting[key] = asyncio.get_running_loop().create_future()
         try:
             session = await self._start(key, body)
-        except Exception as exc:  # the broker refused: said to the caller (a 503)
-            refused = SessionRefused(f"session {key!r} could not be started: {exc!r}", 503)
+        except Exception as exc:  # the broker refused: said to the caller
+            refused = _start_refused(key, exc)
             starting.set_exception(refused)  # the calls waiting on it get it too
             starting.exception()  # (retrieved: only the waiters raise it)
             raise refused from exc
@@ -213,3 +216,16 @@ class Sessions:
                 await self.end(key, grace=1.0)
             except Exception as exc:  # noqa: BLE001 - the others still end; logged
                 log.warning("session %s could not be ended: %r", key, exc)
+
+
+def _start_refused(key: str, exc: Exception) -> SessionRefused:
+    """Why a session could not start: its first call too large to be its task's record (413),
+    or the broker's failure, whose details go to the log under an error id (503)."""
+    if isinstance(exc, MessageSizeTooLargeError):
+        message = (
+            f"session {key!r} could not be started: its first call, which becomes the "
+            "session's task, is larger than one Kafka record holds (1 MiB)"
+        )
+        return SessionRefused(message, 413)
+    _, said = unexpected("START", f"session {key!r}", exc)
+    return SessionRefused(f"session {key!r} could not be started: {said}", 503)

@@ -1,9 +1,12 @@
 """`agl-stream ingest otlp`: an OTLP/HTTP receiver (POST /v1/traces, protobuf or JSON) and a
 consumer of an OpenTelemetry Collector's Kafka exporter topic (`otlp_proto` encoding), both
 publishing the spans as SpanRecorded events (agl_stream.otlp.mapping). A payload that cannot
-be read gets a 400 with the reason (HTTP) or goes to the dead-letter topic with it (Kafka);
-neither stops the ingester. Spans are on the broker before the receiver answers or the
-consumer commits; a payload sent again is deduplicated by the span ids."""
+be read, or whose spans name an attempt they may not join (mapping's rule: the ingester's own
+attempts, or another with its key), gets a 400 with the reason (HTTP) or goes to the
+dead-letter topic with it (Kafka); neither stops the ingester. Spans are on the broker before
+the receiver answers or the consumer commits; a payload sent again is deduplicated by the
+span ids. With a token, every request to the receiver (/metrics too; not /health) needs it
+as a bearer token, and attempt keys are checked with it."""
 
 from __future__ import annotations
 
@@ -14,40 +17,59 @@ from collections import OrderedDict
 
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from agl_stream.auth import credential_refusal
+from agl_stream import auth, http_errors
+from agl_stream.codec import Codec
 from agl_stream.config import KafkaSettings
 from agl_stream.dead_letters import dead_letter
+from agl_stream.events import SpanRecorded
+from agl_stream.events.spans import too_large_stand_in
 from agl_stream.kafka import consumer
 from agl_stream.metrics import WorkerMetrics
 from agl_stream.otlp.decode import JSON, PROTOBUF, OtlpError, decode_protobuf, decode_request
-from agl_stream.otlp.mapping import map_request
+from agl_stream.otlp.mapping import INPUT, map_request
+from agl_stream.runner.lane import MAX_RECORD_BYTES
 from agl_stream.streams import DLQ_TOPIC, EventPublisher, Topics
 
 log = logging.getLogger(__name__)
 
 ANNOUNCED_KEPT = 100_000  # attempts remembered as announced (the oldest are forgotten)
+# An exporter sends a batch: OpenTelemetry's BatchSpanProcessor up to 512 spans, a Collector
+# what its batch processor gathers; LLM spans carry prompts and answers (tens of KiB each).
+# 64 MiB holds 512 spans of 128 KiB; a span over one record's limit becomes a stand-in.
 MAX_BODY = 64 * 1024 * 1024
 
 
 class OtlpIngest:
-    """Publishes what OTLP payloads map to; counts what it took and what it refused."""
+    """Publishes what OTLP payloads map to; counts what it took and what it refused.
+    `secret` checks the keys of spans that join attempts the ingester did not start."""
 
-    def __init__(self, publisher: EventPublisher) -> None:
+    def __init__(self, publisher: EventPublisher, secret: str | None = None) -> None:
         self.publisher = publisher
+        self.secret = secret
         self.counts: dict[str, int] = {"payloads": 0, "spans": 0, "attempts": 0, "refused": 0}
         self._announced: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._codec = Codec()
 
     async def ingest(self, request: ExportTraceServiceRequest) -> int:
         """Publish the payload's new attempts, then its spans; returns how many spans."""
-        mapped = map_request(request)  # OtlpError: nothing of the payload is published
+        mapped = map_request(request, self.secret)  # OtlpError: nothing is published
         new = [s for key, s in mapped.attempts.items() if key not in self._announced]
+        for started in new:
+            size = len(self._codec.encode(started))
+            if size > MAX_RECORD_BYTES:
+                raise OtlpError(
+                    f"attempt {started.attempt_id!r} of rollout {started.rollout_id!r} would be "
+                    f"{size:,} bytes encoded, over the record limit of {MAX_RECORD_BYTES:,} "
+                    f"(its {INPUT}, most likely)"
+                )
         await asyncio.gather(*[await self.publisher.send("rollouts", s) for s in new])
-        await asyncio.gather(*[await self.publisher.send("spans", s) for s in mapped.spans])
+        await asyncio.gather(*[await self._send_span(s) for s in mapped.spans])
         for started in new:
             self._announced[(started.rollout_id, started.attempt_id)] = None
         while len(self._announced) > ANNOUNCED_KEPT:
@@ -57,9 +79,19 @@ class OtlpIngest:
         self.counts["spans"] += len(mapped.spans)
         return len(mapped.spans)
 
+    async def _send_span(self, span: SpanRecorded) -> asyncio.Future[object]:
+        try:
+            return await self.publisher.send("spans", span)
+        except MessageSizeTooLargeError:  # as the gateway does: the place is kept, and why
+            size = len(self._codec.encode(span))
+            self.counts["spans_too_large"] = self.counts.get("spans_too_large", 0) + 1
+            stand_in = too_large_stand_in(span, size, MAX_RECORD_BYTES)
+            return await self.publisher.send("spans", stand_in)
+
 
 class OtlpReceiver:
-    """OTLP/HTTP: POST /v1/traces. With a token, requests need it as a bearer token."""
+    """OTLP/HTTP: POST /v1/traces. With a token, requests need it as a bearer token (all but
+    GET /health: /metrics too)."""
 
     def __init__(self, ingest: OtlpIngest, token: str | None = None) -> None:
         self.ingest = ingest
@@ -70,8 +102,11 @@ class OtlpReceiver:
 
     async def start(self, host: str = "127.0.0.1", port: int = 4318) -> str:
         app = web.Application(client_max_size=MAX_BODY)
+        auth.protect(app, self.token)
+        http_errors.install(app, _status_shape)
         app.router.add_post("/v1/traces", self._traces)
         app.router.add_get("/metrics", self.metrics.respond)
+        app.router.add_get("/health", _alive)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
@@ -83,10 +118,6 @@ class OtlpReceiver:
             await self._runner.cleanup()
 
     async def _traces(self, request: web.Request) -> web.Response:
-        if self.token is not None:
-            refused = credential_refusal(request, self.token, "this OTLP receiver")
-            if refused is not None:
-                return refused
         content_type = request.headers.get("Content-Type", "")
         kind = content_type.split(";")[0].strip().lower()
         if kind not in (PROTOBUF, JSON):
@@ -109,6 +140,17 @@ def _status(status: int, message: str) -> web.Response:
     """OTLP's error answer: a google.rpc.Status (code 3, INVALID_ARGUMENT) as JSON."""
     body = json.dumps({"code": 3, "message": message}).encode()
     return web.Response(status=status, body=body, content_type=JSON)
+
+
+def _status_shape(status: int, message: str, kind: str) -> web.Response:
+    # google.rpc.Code: INVALID_ARGUMENT for what the client sent, INTERNAL for the rest.
+    code = 13 if status >= 500 else 3
+    body = json.dumps({"code": code, "message": message}).encode()
+    return web.Response(status=status, body=body, content_type=JSON)
+
+
+async def _alive(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
 
 
 async def consume_collector_topic(

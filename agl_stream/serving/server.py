@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
-from agl_stream import auth
+from agl_stream import auth, http_errors
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
@@ -40,6 +40,9 @@ from agl_stream.training.device import Placement
 
 log = logging.getLogger(__name__)
 ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.COMPLETION}
+# The largest legitimate call fills a long context: 128k tokens are about 0.5 MB as text, or
+# about 1 MB as token ids in JSON. 4 MiB leaves room for long message lists; above it, a 413.
+MAX_BODY = 4 * 1024 * 1024
 
 
 class PolicyServer:
@@ -168,9 +171,10 @@ class PolicyServer:
         return current is None or target.version > current.version
 
     async def start(self, host: str, port: int, token: str | None = None) -> str:
-        """Listen on host:port; with a `token`, every call but /health and /metrics needs it."""
-        app = web.Application()
+        """Listen on host:port; with a `token`, every call but /health needs it (/metrics too)."""
+        app = web.Application(client_max_size=MAX_BODY)
         auth.protect(app, token)
+        http_errors.install(app)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
@@ -278,17 +282,12 @@ class PolicyServer:
                 ),
             )  # fmt: skip
         failure = done.exception()
-        status, error_kind = (
-            (failure.status, failure.kind) if isinstance(failure, EngineError)
-            else (500, "server_error")
-        )  # fmt: skip
-        if failure is not None:
+        if failure is not None or response is None:
             self.counts["failed"] += 1
-        if response is None:
-            return _error(status, f"generation failed: {failure}", error_kind)
-        if failure is not None:
-            body = error_body(f"generation failed: {failure}", error_kind)
-            await response.write(b"data: " + body + b"\n\n")
+            status, error_kind, message = _failed(request, failure)
+            if response is None:
+                return _error(status, message, error_kind)
+            await response.write(b"data: " + error_body(message, error_kind) + b"\n\n")
             return response
         self._count(job)
         final = chunk_body(
@@ -348,6 +347,16 @@ def _answered(tokenizer: Any, generation: Generation, job: Job, resources_id: st
         finish_reason=job.finish_reason,
         resources_id=resources_id,
     )
+
+
+def _failed(request: web.Request, failure: BaseException | None) -> tuple[int, str, str]:
+    """Status, kind and sentence of a generation that failed: the engine's own explanation,
+    or (anything else) a bare 500 whose details go to the log under an error id."""
+    if isinstance(failure, EngineError):
+        return failure.status, failure.kind, f"generation failed: {failure}"
+    problem = failure or RuntimeError("the generation ended without a token")
+    _, message = http_errors.unexpected(request.method, request.path, problem)
+    return 500, "server_error", message
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
