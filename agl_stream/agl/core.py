@@ -257,6 +257,23 @@ def _forget(sends: Iterable[asyncio.Future[RecordMetadata]]) -> None:
         f.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
+def _check_numbers(value: Any) -> None:
+    """ValueError (a 400 over HTTP) for an integer beyond 64 bits: Python's JSON takes one, the
+    read model's (orjson, then jsonb) does not, so the projector would dead-letter the record
+    the store had said it kept. (Floats that are not finite are null in a model's JSON.)"""
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_numbers(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_numbers(item)
+    elif isinstance(value, int) and not isinstance(value, bool) and not _INT64 <= value < -_INT64:
+        raise ValueError(f"the number {value} does not fit 64 bits, the most the store keeps")
+
+
+_INT64 = -(2**63)
+
+
 def _next_revision(record: AnyRecord, now: float) -> AnyRecord:
     created = record.created_at if record.revision > 0 else now
     return replace(record, revision=record.revision + 1, created_at=created)
@@ -264,7 +281,9 @@ def _next_revision(record: AnyRecord, now: float) -> AnyRecord:
 
 def _event(record: AnyRecord, now: datetime) -> tuple[str, AglRecordRevised]:
     created = datetime.fromtimestamp(record.created_at, UTC)
-    body = json.dumps(record.body(), separators=(",", ":"))
+    content = record.body()
+    _check_numbers(content)
+    body = json.dumps(content, separators=(",", ":"))
     common: dict[str, Any] = {
         "revision": record.revision,
         "created_at": created,

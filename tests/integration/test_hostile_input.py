@@ -4,11 +4,13 @@ The store facade (Agent Lightning's server over AglStreamStore): ids with a NUL 
 characters in a path, a query or a body are a 400 naming them (they were 500s with Python
 tracebacks); an unknown rollout a 404 (a ResponseValidationError's 500); an input too large for
 one Kafka record a 413 naming the limit (aiokafka's MessageSizeTooLargeError, a 500), after
-which the store goes on; a body over the store's limit a 413 before it is read (120 MB were
-taken), a gzip bomb too; its /v1/traces behind the token. The OTLP receiver: `agl-stream ingest
-otlp` with AGL_STREAM_API_TOKEN set asks for it, /metrics too (it was open); a span naming a
-runner's finished attempt is refused (an `agl.reward` of -100 was added to one, which then
-counted 4 spans against 3), and joins it only with the attempt's key."""
+which the store goes on; an integer the read model cannot hold (2**70) a 400 (the store said
+201, then the projector dead-lettered the record); a body over the store's limit a 413 before
+it is read (120 MB were taken), a gzip bomb too; its /v1/traces behind the token. The OTLP
+receiver: `agl-stream ingest otlp` with AGL_STREAM_API_TOKEN set asks for it, /metrics too (it
+was open); a span naming a runner's finished attempt is refused (an `agl.reward` of -100 was
+added to one, which then counted 4 spans against 3), and joins it only with the attempt's
+key."""
 
 from __future__ import annotations
 
@@ -82,6 +84,9 @@ async def _call(
         ("GET", f"/v1/agl/rollouts/{'r' * 300}", None, "at most 256 characters"),
         ("GET", "/v1/agl/spans?rollout_id=ro&name=a%00", None, "NUL character"),
         ("POST", "/v1/agl/rollouts/search", {"rollout_id_contains": "\x00"}, "contains must"),
+        # A number Python's JSON takes and the read model's does not (the projector dead-letters
+        # the record: the store answered 201 for a rollout it would never show).
+        ("POST", "/v1/agl/rollouts", {"input": {"n": 2**70}}, "does not fit 64 bits"),
     ],
 )
 async def test_bad_ids_are_a_400_that_names_them(
