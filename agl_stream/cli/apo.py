@@ -139,7 +139,7 @@ def run_apo(
 
         async def main() -> Any:
             async with (
-                serving_metrics(apo.metrics, metrics_host, metrics_port),
+                serving_metrics(apo.metrics, metrics_host, metrics_port, app.auth().token),
                 exporting(apo.metrics, config.worker_id),
             ):
                 return await apo.run(stop_on_signals())

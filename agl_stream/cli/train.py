@@ -212,7 +212,7 @@ def run_trainer(
 
     async def main() -> None:
         async with (
-            serving_metrics(trainer.metrics, metrics_host, metrics_port),
+            serving_metrics(trainer.metrics, metrics_host, metrics_port, app.auth().token),
             exporting(trainer.metrics, config.worker_id),
         ):
             await trainer.run(stop_on_signals())

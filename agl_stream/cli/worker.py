@@ -202,7 +202,7 @@ def worker(
             config.worker_id = worker_id
         projector = Projector(app.kafka(), app.database(), config)
         console.print(f"projector {config.worker_id}: group {projector.group_id}", highlight=False)
-        asyncio.run(_run_until_signal(projector, metrics_host, metrics_port))
+        asyncio.run(_run_until_signal(projector, metrics_host, metrics_port, app.auth().token))
         console.print(f"projector {config.worker_id} stopped: {dict(projector.counts)}")
         return
     if role == "trainer" and trainer["algorithm"] == "apo":
@@ -242,7 +242,7 @@ def worker(
         f"runner {runner_config.worker_id}: agent {agent_name}, concurrency {concurrency}",
         highlight=False,
     )
-    asyncio.run(_run_until_signal(runner, metrics_host, metrics_port))
+    asyncio.run(_run_until_signal(runner, metrics_host, metrics_port, tokens.token))
     console.print(
         f"runner {runner_config.worker_id} stopped: {dict(runner.counts)}", highlight=False
     )
@@ -274,7 +274,7 @@ def _runner_agent(
 
 
 async def _run_until_signal(
-    runner: Runner | Projector, metrics_host: str, metrics_port: int
+    runner: Runner | Projector, metrics_host: str, metrics_port: int, token: str | None
 ) -> None:
     if isinstance(runner, Projector):
         # This process is the projector: its own collector settings. Not for runners: their
@@ -283,7 +283,7 @@ async def _run_until_signal(
         # 10,000 rollouts in the runner benchmark, for no measurable gain.
         tune_for_throughput()
     async with (
-        serving_metrics(runner.metrics, metrics_host, metrics_port),
+        serving_metrics(runner.metrics, metrics_host, metrics_port, token),
         exporting(runner.metrics, runner.config.worker_id),
     ):
         await runner.run(stop_on_signals())

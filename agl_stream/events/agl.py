@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from pydantic import AwareDatetime, Field, field_validator
 
-from agl_stream.events.base import Event, check_json
+from agl_stream.events.base import MAX_LONG, Event, check_json
 from agl_stream.events.ids import Id
 
 
@@ -29,7 +29,7 @@ class AglRecordRevised(Event):
     partition_key: Id
     record_id: Id
     rollout_id: Id | None = None
-    revision: int = Field(ge=1)
+    revision: int = Field(ge=1, le=MAX_LONG)
     created_at: AwareDatetime
     body_json: str
 

@@ -10,6 +10,11 @@ from typing import ClassVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+# Avro's int and long: a model field of either type is bounded by its range, so that every
+# event the model takes can be encoded.
+MAX_INT = 2**31 - 1
+MAX_LONG = 2**63 - 1
+
 
 def utc_now() -> datetime:
     # Avro timestamp-micros keeps microseconds; trimming here makes a decoded event equal

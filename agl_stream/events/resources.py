@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field
 
-from agl_stream.events.base import Event, Record
+from agl_stream.events.base import MAX_LONG, Event, Record
 from agl_stream.events.ids import Id
 from agl_stream.templates import placeholders, render
 
@@ -70,7 +70,7 @@ class ResourcesPublished(Event):
     key_field: ClassVar[str] = "resources_id"
 
     resources_id: Id
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_LONG)
     resources: dict[str, Resource]
     published_by: str | None = None
     parent_resources_id: Id | None = None

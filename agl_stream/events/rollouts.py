@@ -8,6 +8,8 @@ from typing import ClassVar
 from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from agl_stream.events.base import (
+    MAX_INT,
+    MAX_LONG,
     AttemptStatus,
     ErrorInfo,
     Event,
@@ -38,13 +40,13 @@ class RolloutQueued(Event):
     key_field: ClassVar[str] = "rollout_id"
 
     rollout_id: Id
-    attempt_number: int = Field(ge=1)
+    attempt_number: int = Field(ge=1, le=MAX_INT)
     input_json: str
     mode: RolloutMode
     resources_id: Id | None = None
     timeout_seconds: float | None = Field(default=None, gt=0)
     unresponsive_seconds: float | None = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=MAX_INT)
     retry_condition: tuple[AttemptStatus, ...] = ()
     metadata: dict[str, str] = Field(default_factory=dict)
     first_queued_at: AwareDatetime = Field(default_factory=utc_now)
@@ -98,10 +100,10 @@ class AttemptStarted(Event):
 
     rollout_id: Id
     attempt_id: Id
-    attempt_number: int = Field(ge=1)
+    attempt_number: int = Field(ge=1, le=MAX_INT)
     worker_id: Id
     resources_id: Id | None = None
-    task_offset: int | None = Field(default=None, ge=0)
+    task_offset: int | None = Field(default=None, ge=0, le=MAX_LONG)
     task: AttemptTask | None = None  # only on attempts no RolloutQueued asked for
 
 
@@ -110,11 +112,11 @@ class AttemptFinished(Event):
 
     rollout_id: Id
     attempt_id: Id
-    attempt_number: int = Field(ge=1)
+    attempt_number: int = Field(ge=1, le=MAX_INT)
     worker_id: Id
     status: AttemptStatus
     error: ErrorInfo | None = None
-    span_count: int = Field(ge=0)
+    span_count: int = Field(ge=0, le=MAX_LONG)
     reward: float | None = None
 
     @field_validator("status")
@@ -131,7 +133,7 @@ class RolloutFinished(Event):
     rollout_id: Id
     status: RolloutStatus
     attempt_id: Id | None = None
-    attempt_count: int = Field(ge=0)
+    attempt_count: int = Field(ge=0, le=MAX_INT)
     error: ErrorInfo | None = None
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from agl_stream.events.base import Event, Record
+from agl_stream.events.base import MAX_LONG, Event, Record
 from agl_stream.events.ids import Id
 
 # Strict types keep True a boolean and 1 a long through a round trip.
@@ -57,7 +57,7 @@ class SpanStatus(Record):
 
 class SpanEvent(Record):
     name: str
-    time_unix_nano: int = Field(ge=0)
+    time_unix_nano: int = Field(ge=0, le=MAX_LONG)
     attributes: Attributes = Field(default_factory=dict)
 
 
@@ -72,14 +72,14 @@ class SpanRecorded(Event):
 
     rollout_id: Id
     attempt_id: Id
-    sequence: int = Field(ge=0)
+    sequence: int = Field(ge=0, le=MAX_LONG)
     trace_id: TraceId
     span_id: SpanId
     parent_span_id: SpanId | None = None
     name: str
     kind: SpanKind = SpanKind.INTERNAL
-    start_time_unix_nano: int = Field(ge=0)
-    end_time_unix_nano: int = Field(ge=0)
+    start_time_unix_nano: int = Field(ge=0, le=MAX_LONG)
+    end_time_unix_nano: int = Field(ge=0, le=MAX_LONG)
     status: SpanStatus = Field(default_factory=SpanStatus)
     attributes: Attributes = Field(default_factory=dict)
     events: tuple[SpanEvent, ...] = ()

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from agl_stream.events.base import Event
+from agl_stream.events.base import MAX_INT, Event
 from agl_stream.events.ids import Id
 
 
@@ -33,7 +33,7 @@ class WorkerHeartbeat(Event):
     role: WorkerRole
     status: WorkerStatus
     hostname: str
-    pid: int = Field(ge=0)
+    pid: int = Field(ge=0, le=MAX_INT)
     current_rollouts: tuple[Id, ...] = ()
     counts: dict[str, int] = Field(default_factory=dict)
     interval_seconds: float = Field(gt=0)

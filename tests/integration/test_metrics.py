@@ -376,3 +376,37 @@ async def test_a_taken_metrics_port_stops_the_worker_with_the_setting_named(
         server.close()
     assert process.returncode != 0
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in output.decode()
+
+
+async def test_with_a_token_a_workers_metrics_need_it_and_its_health_does_not(
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    port, token = free_port(), "metrics-token-0123456789"
+    env = {**child_environment(kafka, database), "AGL_STREAM_API_TOKEN": token}
+    with (tmp_path / "projector.log").open("ab") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "projector",
+            "--metrics-port", str(port), env=env, stdout=out, stderr=out,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def healthy() -> bool:
+                assert process.returncode is None, "the projector stopped"
+                try:
+                    async with session.get(f"{base}/health") as response:
+                        return response.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            await eventually(healthy, 60, "the projector's /health")
+            async with session.get(f"{base}/metrics") as response:
+                assert response.status == 401
+            bearer = {"Authorization": f"Bearer {token}"}
+            async with session.get(f"{base}/metrics", headers=bearer) as response:
+                assert response.status == 200
+                assert "agl_stream_projector_lag" in await response.text()
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 60)

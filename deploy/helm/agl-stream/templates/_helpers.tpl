@@ -227,10 +227,10 @@ key: api-token
 {{- .Values.trainer.checkpoints.persistence.existingClaim | default (printf "%s-checkpoints" (include "agl.fullname" .)) -}}
 {{- end -}}
 
-{{/* A worker's probes: its metrics endpoint answers while it runs. */}}
+{{/* A worker's probes: its metrics server answers /health (open even with a token) while it runs. */}}
 {{- define "agl.metricsProbe" -}}
 livenessProbe:
-  httpGet: {path: /metrics, port: metrics}
+  httpGet: {path: /health, port: metrics}
   initialDelaySeconds: 30
   periodSeconds: 20
   failureThreshold: 6
