@@ -183,7 +183,7 @@ def trl_leg(args: argparse.Namespace, settings: RealSettings) -> dict[str, Any]:
     from agl_stream.training.device import Placement
     from agl_stream.training.model import load_policy
 
-    policy = load_policy(folder, Placement("cpu", settings.dtype))
+    policy = load_policy(folder, Placement("cpu", settings.trainer_dtype))
     tokenizer = policy.tokenizer
     tokenizer.padding_side = "left"
     items = heldout(settings.heldout_size)
@@ -251,7 +251,7 @@ def trl_leg(args: argparse.Namespace, settings: RealSettings) -> dict[str, Any]:
         per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         steps_per_generation=1, num_generations=settings.group_size, num_iterations=1,
         max_completion_length=MAX_TOKENS, temperature=TRAIN_TEMPERATURE, top_p=1.0, top_k=0,
-        learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=settings.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.01, max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="grpo",
         scale_rewards="group",
     )  # fmt: skip
@@ -261,7 +261,8 @@ def trl_leg(args: argparse.Namespace, settings: RealSettings) -> dict[str, Any]:
     )  # fmt: skip
     trainer = GRPOTrainer(
         model=policy.model, reward_funcs=[reward], args=config, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[Evaluate()], peft_config=lora,
+        processing_class=tokenizer, callbacks=[Evaluate()],
+        peft_config=lora if settings.weights == "lora" else None,
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     began = time.monotonic()
@@ -347,7 +348,9 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights", choices=("lora", "full"), default=defaults.weights)
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="[default: 3e-4 LoRA, 3e-5 whole]"
+    )
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
     parser.add_argument("--heldout", type=int, default=defaults.heldout_size)
     parser.add_argument("--skip-trl", action="store_true", help="only the agl-stream leg")

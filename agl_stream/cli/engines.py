@@ -36,6 +36,12 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Start vLLM with LoRA of this rank on (0: only once an adapter is "
                           "published, which restarts it)."),
+        click.option("--vllm-lora", type=click.Choice(["adapter", "merge"]), default="adapter",
+                     show_default=True,
+                     help="How a LoRA version is served. adapter: loaded as vLLM's LoRA "
+                          "adapter (well under a second). merge: merged into its base here and "
+                          "reloaded in place as whole weights (seconds), for vLLM's CPU build, "
+                          "which generates several times slower with an adapter on."),
         click.option("--vllm-enforce-eager", is_flag=True,
                      help="No compile warm-up: vLLM starts in about half the time, runs slower."),
         click.option("--vllm-scheduler", type=click.Choice(PLACEMENTS), default="auto",
@@ -69,6 +75,7 @@ def build_engine(
     max_model_len = options.pop("vllm_max_model_len")
     max_lora_rank = options.pop("vllm_max_lora_rank")
     enforce_eager = options.pop("vllm_enforce_eager")
+    lora_mode = options.pop("vllm_lora")
     scheduler = options.pop("vllm_scheduler")
     extra = options.pop("vllm_args")
     log_path = options.pop("vllm_log")
@@ -97,6 +104,7 @@ def build_engine(
         kv_cache_gib=kv_cache, max_model_len=max_model_len, max_lora_rank=max_lora_rank,
         enforce_eager=enforce_eager, extra_args=extra_args, log_path=log_path,
         dtype=None if dtype in (None, "auto") else dtype, scheduler=scheduler,
+        merge_adapters=lora_mode == "merge",
     )  # fmt: skip
     return VllmEngine(settings)
 

@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ class Served(Serving):
     base_hash: str = ""
     adapter: AdapterShape | None = None
     model: str = ENGINE_MODEL  # the name requests use: the base's or the adapter's
+    merged: Path | None = None  # the adapter merged into the base, as vLLM serves it
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ class VllmEngine:
 
     async def _apply(self, resources_id: str, plan: _Plan) -> None:
         before = self._serving
-        rank = plan.adapter.rank if plan.adapter else 0
+        merging = plan.adapter is not None and self.settings.merge_adapters
+        rank = plan.adapter.rank if plan.adapter and not merging else 0
         if self.process is None or (rank and lora_rank_for(rank) > self.lora_rank):
             # No engine yet, or one without room for this adapter: (re)started on the base.
             try:
@@ -202,7 +206,9 @@ class VllmEngine:
                 raise CheckpointRefused(
                     f"vLLM could not serve {plan.base.directory}: {exc}"
                 ) from None
-        elif before is None or plan.base_hash != before.base_hash:
+        elif not merging and (
+            before is None or plan.base_hash != before.base_hash or before.merged is not None
+        ):
             try:
                 await self._reload(plan.base.directory)
             except EngineError as exc:
@@ -212,13 +218,26 @@ class VllmEngine:
                     f"vLLM could not reload {plan.base.directory}: {exc}"
                 ) from None
         context = await self._context()
-        model = ENGINE_MODEL
-        if plan.adapter is not None:
+        model, merged = ENGINE_MODEL, None
+        if merging:
+            assert plan.adapter is not None
+            merged = await asyncio.to_thread(merge_adapter, plan.base.directory, plan.adapter)
+            try:
+                await self._reload(merged)
+            except EngineError as exc:
+                shutil.rmtree(merged, ignore_errors=True)
+                if before is not None:
+                    await self._restore(before)
+                raise CheckpointRefused(f"vLLM could not reload {merged}: {exc}") from None
+        elif plan.adapter is not None:
             model = resources_id
             await self._load_adapter(model, plan.adapter.directory)
         self._serving = Served(
-            resources_id, plan.tokenizer, context, plan.base, plan.base_hash, plan.adapter, model
-        )
+            resources_id, plan.tokenizer, context, plan.base, plan.base_hash, plan.adapter, model,
+            merged,
+        )  # fmt: skip
+        if before is not None and before.merged is not None and before.merged != merged:
+            shutil.rmtree(before.merged, ignore_errors=True)
         if before is not None and before.adapter is not None and before.model != model:
             with contextlib.suppress(EngineError):  # only frees a slot
                 await self._post("/v1/unload_lora_adapter", {"lora_name": before.model})
@@ -228,9 +247,9 @@ class VllmEngine:
         broken by it: a new engine on the old weights)."""
         assert served.base is not None
         try:
-            await self._start(served.base, served.adapter.rank if served.adapter else 0)
-            if served.adapter is not None:
-                await self._load_adapter(served.model, served.adapter.directory)
+            rank = served.adapter.rank if served.adapter and served.merged is None else 0
+            await self._start(served.base, rank)
+            await self._put_back(served)
         except (EngineStartFailed, EngineError) as exc:
             self._down = f"the vLLM engine could not be started again: {exc}"
             self._suspect.set()  # the watcher keeps trying
@@ -261,6 +280,13 @@ class VllmEngine:
             await self._post("/reset_prefix_cache")
         finally:
             await self._post("/resume")
+
+    async def _put_back(self, served: Served) -> None:
+        """On a vLLM started anew on the base: the version's adapter, or its merged weights."""
+        if served.merged is not None:
+            await self._reload(served.merged)
+        elif served.adapter is not None:
+            await self._load_adapter(served.model, served.adapter.directory)
 
     async def _load_adapter(self, name: str, directory: Path) -> None:
         try:
@@ -346,8 +372,7 @@ class VllmEngine:
         while served is not None and served.base is not None:
             try:
                 await self._start(served.base, self.lora_rank)
-                if served.adapter is not None:
-                    await self._load_adapter(served.model, served.adapter.directory)
+                await self._put_back(served)
             except (EngineStartFailed, EngineError) as exc:
                 log.error("the vLLM engine did not start again (%s); trying again", exc)
                 await asyncio.sleep(delay)
@@ -488,6 +513,21 @@ async def _read_stream(answer: aiohttp.ClientResponse, job: Job) -> None:
 def _finish(choice: Mapping[str, Any]) -> str:
     # vLLM says "stop" for EOS as the torch engine does, "length" at the token limit.
     return str(choice.get("finish_reason") or "length")
+
+
+def merge_adapter(base_dir: Path, adapter: AdapterShape) -> Path:
+    """The base with the adapter merged into it (peft's merge), saved whole in a temporary
+    directory that vLLM reloads in place (tied embeddings stay tied: the worker re-ties)."""
+    from agl_stream.training.lora import merged
+    from agl_stream.training.model import load_policy, save_policy
+
+    target = Path(tempfile.mkdtemp(prefix="agl-merged-"))
+    try:
+        save_policy(merged(load_policy(base_dir), adapter.directory), target)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
 
 
 def _directory(uri: str) -> Path:

@@ -135,9 +135,12 @@ async def serving(url: str, resources_id: str) -> None:
     await eventually(served, WITHIN, f"{resources_id} to be served")
 
 
+@pytest.mark.parametrize("lora", ["merge", "adapter"])
 async def test_a_real_model_trains_and_each_answer_names_the_weights_that_made_it(
-    topics: KafkaSettings, tmp_path: Path
+    topics: KafkaSettings, tmp_path: Path, lora: str
 ) -> None:
+    """`lora`: each version merged into the base and reloaded whole (the real demo's), or
+    loaded as vLLM's LoRA adapter."""
     await asyncio.to_thread(resolve_model, SMOLLM2.name)  # converted once (cached)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -147,7 +150,8 @@ async def test_a_real_model_trains_and_each_answer_names_the_weights_that_made_i
     server = start(
         [
             sys.executable, "-m", "agl_stream.cli.main", "serve", "--engine", "vllm",
-            "--port", str(port), "--vllm-enforce-eager", "--vllm-max-lora-rank", "8",
+            "--port", str(port), "--vllm-enforce-eager", "--vllm-lora", lora,
+            *(["--vllm-max-lora-rank", "8"] if lora == "adapter" else []),
             "--vllm-max-model-len", "256", "--vllm-log", str(tmp_path / "vllm.log"), "-v",
         ],
         env, serve_log,

@@ -116,8 +116,13 @@ def test_the_real_demo_s_processes_get_its_settings() -> None:
     assert config.evaluation is not None and len(config.evaluation.items) == 200
     trainer = " ".join(config.trainer_args)
     assert "--lora-rank 16" in trainer and "--temperature 0.7" in trainer
-    assert "--vllm-max-lora-rank 16" in " ".join(config.serve_args)
+    serve = " ".join(config.serve_args)
+    assert "--vllm-lora merge" in serve and "--vllm-max-lora-rank" not in serve
+    adapter = " ".join(RealSettings(serve_lora="adapter").serve_args())
+    assert "--vllm-lora adapter" in adapter and "--vllm-max-lora-rank 16" in adapter
+    assert settings.lr == 3e-4 and "--dtype bfloat16" in trainer
     whole = RealSettings(weights="full")
+    assert whole.lr == 3e-5 and "--dtype float32" in " ".join(whole.trainer_args())
     assert "--lora-rank" not in whole.trainer_args()
     assert "--vllm-max-lora-rank" not in whole.serve_args()
     with pytest.raises(ValueError, match="weights"):
@@ -173,3 +178,17 @@ def test_the_dashboard_shows_the_heldout_curve_as_a_run_of_its_own() -> None:
     curve = runs[("heldout", "r")].points
     assert [(p.step, p.reward) for p in curve] == [(0, 0.15), (1, 0.4)]
     assert runs[("grpo", "r")].versions == 2  # the held-out versions are not steps
+
+
+def test_demo_refuses_a_model_that_is_not_one_before_starting_anything(tmp_path: Path) -> None:
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from agl_stream.cli.main import cli
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: the real demo says so first")
+    result = CliRunner().invoke(cli, ["demo", "--model", str(tmp_path), "--no-dashboard"])
+    assert result.exit_code == 2, result.output
+    assert "is not a model checkpoint (no config.json)" in result.output
