@@ -9,8 +9,9 @@ driver's draw from --seed), group size, learning rate, LoRA rank, number of samp
 held-out set:
 
 1. agl-stream: the real demo (agl_stream/demo/real.py) on fresh topics of the embedded
-   stack: a runner and its gateway, `serve --engine vllm` (bfloat16, each version's adapter
-   loaded in place), the trainer, a projector; the held-out set evaluated as val rollouts
+   stack: a runner and its gateway, `serve --engine vllm` (bfloat16; each version's adapter
+   merged into the base and reloaded in place, or with --serve-lora adapter loaded as vLLM's
+   LoRA adapter), the trainer, a projector; the held-out set evaluated as val rollouts
    every --eval-every steps. Where each step's time goes comes from the topics and the
    checkpoints (benchmarks.step_latency's phases: enqueue, which holds the held-out
    evaluation when one is due, pickup, sampling = generation, reward and the pipeline, to
@@ -298,6 +299,7 @@ def time_ratio(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> floa
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     settings = RealSettings(
         weights=args.weights, learning_rate=args.learning_rate, eval_every=args.eval_every,
+        serve_lora=args.serve_lora,
         heldout_size=args.heldout,
     )  # fmt: skip
     await asyncio.to_thread(resolve_model, settings.model)  # converted once, before both
@@ -353,5 +355,6 @@ if __name__ == "__main__":
     )
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
     parser.add_argument("--heldout", type=int, default=defaults.heldout_size)
+    parser.add_argument("--serve-lora", choices=("merge", "adapter"), default=defaults.serve_lora)
     parser.add_argument("--skip-trl", action="store_true", help="only the agl-stream leg")
     run_benchmark(parser, main, report)

@@ -4,11 +4,12 @@ vllm` reloading each version in place, the trainer, resources versions, and a he
 evaluated as val rollouts.
 
 The settings were chosen from measurements on the project's 2-core machine (the benchmark,
-benchmarks/real_model.py, records them): vLLM and the trainer in bfloat16 (an update runs
-about twice as fast as in float32 on CPUs with AVX-512 bf16, and the sampler's logprobs and
-the trainer's are then computed in the same precision), a LoRA adapter of rank 16 (a
-version reaches vLLM as a 0.2 MB adapter instead of a 538 MB model), 4 groups of 8
-attempts a step, one pass over them, the trainer on both cores while vLLM waits (on-policy).
+benchmarks/real_model.py, records them): a LoRA adapter of rank 16 on the model in bfloat16
+(an update runs about twice as fast as in float32 on CPUs with AVX-512 bf16; a checkpoint is
+a 0.2 MB adapter with its optimiser, not 1.6 GB), merged into the base by the policy server
+and reloaded whole into vLLM (vLLM's CPU build generates 3.5x slower with an adapter on), 4
+groups of 8 attempts a step at temperature 0.7, one pass, the trainer on both cores while
+vLLM waits (on-policy).
 """
 
 from __future__ import annotations
