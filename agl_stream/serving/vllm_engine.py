@@ -206,9 +206,11 @@ class VllmEngine:
                 raise CheckpointRefused(
                     f"vLLM could not serve {plan.base.directory}: {exc}"
                 ) from None
-        elif not merging and (
-            before is None or plan.base_hash != before.base_hash or before.merged is not None
+        elif (before is None or plan.base_hash != before.base_hash) or (
+            not merging and before.merged is not None
         ):
+            # A new base; or, from merged weights, the base itself (a merged version only
+            # reloads what its adapter changes: see merge_adapter).
             try:
                 await self._reload(plan.base.directory)
             except EngineError as exc:
@@ -221,7 +223,10 @@ class VllmEngine:
         model, merged = ENGINE_MODEL, None
         if merging:
             assert plan.adapter is not None
-            merged = await asyncio.to_thread(merge_adapter, plan.base.directory, plan.adapter)
+            merged = await asyncio.to_thread(
+                merge_adapter, plan.base.directory, plan.adapter,
+                self.settings.dtype or plan.base.dtype,
+            )  # fmt: skip
             try:
                 await self._reload(merged)
             except EngineError as exc:
@@ -515,19 +520,39 @@ def _finish(choice: Mapping[str, Any]) -> str:
     return str(choice.get("finish_reason") or "length")
 
 
-def merge_adapter(base_dir: Path, adapter: AdapterShape) -> Path:
-    """The base with the adapter merged into it (peft's merge), saved whole in a temporary
-    directory that vLLM reloads in place (tied embeddings stay tied: the worker re-ties)."""
-    from agl_stream.training.lora import merged
+def merge_adapter(base_dir: Path, adapter: AdapterShape, dtype: str | None = None) -> Path:
+    """The base with the adapter merged into it, in a temporary directory that vLLM reloads
+    in place (in memory where /dev/shm is). An adapter of linear layers gives only the
+    weights it changes (lora.merged_linear_weights, in the engine's `dtype`): vLLM's reload
+    leaves every other weight as it is, which is the base's, since each merged version is
+    reloaded onto an engine serving its base or another version of it. Any other adapter is
+    merged by peft and saved whole (tied embeddings stay tied: the worker re-ties)."""
+    from agl_stream.training.lora import merged, merged_linear_weights
     from agl_stream.training.model import load_policy, save_policy
 
-    target = Path(tempfile.mkdtemp(prefix="agl-merged-"))
+    memory = Path("/dev/shm")
+    target = Path(tempfile.mkdtemp(prefix="agl-merged-", dir=memory if memory.is_dir() else None))
     try:
-        save_policy(merged(load_policy(base_dir), adapter.directory), target)
+        weights = merged_linear_weights(base_dir, adapter.directory, _torch_dtype(dtype))
+        if weights is not None:
+            from safetensors.torch import save_file
+
+            save_file(weights, str(target / "model.safetensors"))
+        else:
+            save_policy(merged(load_policy(base_dir), adapter.directory), target)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return target
+
+
+def _torch_dtype(name: str | None) -> Any:
+    """torch's dtype for vLLM's --dtype name (None: keep the checkpoint's)."""
+    import torch
+
+    known = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
+             "float32": torch.float32, "float": torch.float32}  # fmt: skip
+    return known.get(name or "")
 
 
 def _directory(uri: str) -> Path:

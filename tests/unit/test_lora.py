@@ -5,6 +5,7 @@ hashes checked, and bad settings are refused with a sentence."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,13 @@ from agl_stream.events import Checkpoint
 from agl_stream.training.batching import TrainSample
 from agl_stream.training.grpo import GRPO, GRPOConfig
 from agl_stream.training.local_llm import CheckpointMismatch, load_checkpoint
-from agl_stream.training.lora import LoraSettings, load_adapter, with_adapter
+from agl_stream.training.lora import (
+    LoraSettings,
+    load_adapter,
+    merged,
+    merged_linear_weights,
+    with_adapter,
+)
 from agl_stream.training.model import content_hash, load_policy, save_policy, tiny_policy
 from agl_stream.training.sampling import token_batch, token_logprobs
 
@@ -117,3 +124,28 @@ def test_bad_lora_settings_are_refused_with_a_sentence(tmp_path: Path) -> None:
     config.write_text(json.dumps({"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}))
     adapted = with_adapter(tiny_policy(), LoraSettings(config_file=config))
     assert adapted.model.peft_config["default"].r == 2
+
+
+def test_the_weights_an_adapter_changes_merge_as_peft_merges_them(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """What the vLLM engine reloads for a merged version: only the adapted layers, equal to
+    those of peft's whole merge; the base's other weights are left as they are."""
+    base_dir, adapter_dir = trained
+    changed = merged_linear_weights(base_dir, adapter_dir)
+    assert changed is not None
+    whole = merged(load_policy(base_dir), adapter_dir).model.state_dict()
+    base = load_policy(base_dir).model.state_dict()
+    adapted = {name for name in base if not torch.equal(base[name], whole[name])}
+    assert adapted and set(changed) >= adapted
+    assert not any("embed" in name or "norm" in name for name in changed)
+    for name, weight in changed.items():
+        torch.testing.assert_close(weight, whole[name], atol=1e-6, rtol=0)
+    half = merged_linear_weights(base_dir, adapter_dir, torch.bfloat16)
+    assert half is not None and {w.dtype for w in half.values()} == {torch.bfloat16}
+    # An adapter peft's merge must handle (here rsLoRA's scale) is left to it.
+    unusual = tmp_path / "rslora"
+    shutil.copytree(adapter_dir, unusual)
+    config = json.loads((unusual / "adapter_config.json").read_text())
+    (unusual / "adapter_config.json").write_text(json.dumps({**config, "use_rslora": True}))
+    assert merged_linear_weights(base_dir, unusual) is None
