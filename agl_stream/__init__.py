@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from agl_stream.runtime.version import __version__ as __version__
+
 __all__ = ["GRPO", "Trainer"]
 
 if TYPE_CHECKING:
-    from agl_stream.fit import GRPO, Trainer
+    from agl_stream.launch.fit import GRPO, Trainer
 
 
 def __getattr__(name: str) -> Any:
     # Trainer and GRPO pull in the whole stack; importing agl_stream alone stays cheap.
     if name in __all__:
-        from agl_stream import fit
+        from agl_stream.launch import fit
 
         return getattr(fit, name)
     raise AttributeError(f"module 'agl_stream' has no attribute {name!r}")

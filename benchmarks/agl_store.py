@@ -20,8 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import DatabaseSettings, load
 from agl_stream.db.migrate import migrate
+from agl_stream.runtime.config import DatabaseSettings, load
 from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
 
 CALLS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add_otel_span",
@@ -61,7 +61,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     from agentlightning.store.memory import InMemoryLightningStore
     from opentelemetry.sdk.trace import TracerProvider
 
-    from agl_stream.agl import AglStreamStore
+    from agl_stream.compat.agl import AglStreamStore
 
     tracer = TracerProvider().get_tracer("bench")
 

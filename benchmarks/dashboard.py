@@ -30,10 +30,10 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import DatabaseSettings, load
 from agl_stream.db.migrate import migrate
 from agl_stream.embedded.process import free_port
 from agl_stream.queries import ReadModel
+from agl_stream.runtime.config import DatabaseSettings, load
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()

@@ -27,9 +27,9 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import DatabaseSettings, StackSettings, load
 from agl_stream.db.migrate import FIRST_READ_MODEL, migrate
 from agl_stream.embedded.stack import EmbeddedStack
+from agl_stream.runtime.config import DatabaseSettings, StackSettings, load
 from benchmarks.stack import benchmark_parser, run_benchmark
 
 CALLS = 2  # per attempt

@@ -24,8 +24,8 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import child_environment
 from agl_stream.embedded.process import free_port
+from agl_stream.runtime.config import child_environment
 from benchmarks.runners import percentile
 from benchmarks.stack import fresh_topics, run_benchmark
 

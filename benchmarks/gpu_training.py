@@ -29,8 +29,9 @@ from agl_stream.serving.engine import Job, generate
 from agl_stream.training.batching import TrainSample
 from agl_stream.training.device import Placement
 from agl_stream.training.grpo import GRPO, GRPOConfig
+from agl_stream.training.hf import Policy
 from agl_stream.training.lora import LoraSettings, with_adapter
-from agl_stream.training.model import Policy, tiny_policy
+from agl_stream.training.model import tiny_policy
 from agl_stream.training.sampling import sample
 
 # Qwen2.5's published configs (config.json of Qwen/Qwen2.5-{0.5B,1.5B,7B}-Instruct).

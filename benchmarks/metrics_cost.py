@@ -34,14 +34,14 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.bus.kafka import producer
+from agl_stream.bus.streams import EventPublisher, Topics
+from agl_stream.commands.enqueue import RolloutOptions, make_rollout
 from agl_stream.embedded.process import free_port
-from agl_stream.enqueue import RolloutOptions, make_rollout
-from agl_stream.kafka import producer
-from agl_stream.streams import EventPublisher, Topics
+from agl_stream.runtime.config import KafkaSettings, child_environment
 from benchmarks.runners import Monitor, positions, sample
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
-from tests.otlp_receiver import otlp_receiver
+from tests.support.otlp_receiver import otlp_receiver
 
 console = Console()
 MEASURED = ("none", "none (again)", "every 15 s", "every 1 s", "otlp")
@@ -117,7 +117,7 @@ async def until_answers(session: aiohttp.ClientSession, pipeline: Pipeline) -> N
 async def runners(pipelines: list[Pipeline], concurrency: int) -> AsyncIterator[None]:
     for p in pipelines:
         p.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
+            sys.executable, "-m", "agl_stream.cli.main", "worker", "runner",
             "--agent", "benchmarks.synthetic:agent", "--concurrency", str(concurrency),
             "--metrics-port", str(p.port), "--worker-id", f"metrics-cost-{p.name}",
             env={**child_environment(p.kafka), **p.env}, stdout=asyncio.subprocess.DEVNULL,

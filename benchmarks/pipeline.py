@@ -24,11 +24,11 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import DatabaseSettings, child_environment, load
+from agl_stream.bus.kafka import producer
+from agl_stream.bus.streams import EventPublisher, Topics
+from agl_stream.commands.enqueue import RolloutOptions, make_rollout
 from agl_stream.db.migrate import migrate
-from agl_stream.enqueue import RolloutOptions, make_rollout
-from agl_stream.kafka import producer
-from agl_stream.streams import EventPublisher, Topics
+from agl_stream.runtime.config import DatabaseSettings, child_environment, load
 from benchmarks.runners import percentile, sample
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 

@@ -28,12 +28,8 @@ import asyncpg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agl_stream.config import (
-    DatabaseSettings,
-    KafkaSettings,
-    child_environment,
-    load,
-)
+from agl_stream.bus.kafka import producer
+from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.db.migrate import FIRST_READ_MODEL, migrate
 from agl_stream.embedded.stack import StackState
 from agl_stream.events import (
@@ -47,13 +43,17 @@ from agl_stream.events import (
     RolloutStatus,
     SpanRecorded,
 )
-from agl_stream.kafka import producer
 from agl_stream.projection.copy_binary import COLUMNS as COPY_COLUMNS
 from agl_stream.projection.copy_binary import copy_data
 from agl_stream.projection.fold import span_row
 from agl_stream.projection.rows import SpanRow, columns, values
 from agl_stream.projection.store import connect
-from agl_stream.streams import EventPublisher, Topics
+from agl_stream.runtime.config import (
+    DatabaseSettings,
+    KafkaSettings,
+    child_environment,
+    load,
+)
 from benchmarks.runners import sample, stack_cpu
 from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
 from benchmarks.synthetic import _flat, attributes
@@ -154,7 +154,7 @@ async def project(
     env = child_environment(kafka, database)
     processes = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "projector",
+            sys.executable, "-m", "agl_stream.cli.main", "worker", "projector",
             "--batch-size", str(args.batch), "--worker-id", f"bench-projector-{i}",
             "--heartbeat", "60", env=env, stdout=asyncio.subprocess.DEVNULL,
         )

@@ -46,14 +46,14 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from agl_stream.config import DatabaseSettings, load
 from agl_stream.db.migrate import migrate
-from agl_stream.demo.heldout import EvalPoint, wilson
 from agl_stream.demo.real import RealSettings, real_config, training_prompts
-from agl_stream.demo.run import StepPoint, run_demo
 from agl_stream.demo.word_problems import MAX_TOKENS, TRAIN_TEMPERATURE, heldout, score
 from agl_stream.embedded.process import free_port
 from agl_stream.events import RolloutQueued
+from agl_stream.launch.heldout import EvalPoint, wilson
+from agl_stream.launch.run import StepPoint, run_training
+from agl_stream.runtime.config import DatabaseSettings, load
 from agl_stream.training.checkpoints import CheckpointStore
 from agl_stream.training.pretrained import resolve_model
 from benchmarks.stack import benchmark_parser, fresh_topics, key_value_table, run_benchmark
@@ -105,7 +105,7 @@ async def agl_leg(args: argparse.Namespace, settings: RealSettings) -> dict[str,
     began = time.time()
     try:
         await asyncio.to_thread(
-            run_demo, config, kafka, database, lambda p: steps.append((time.time(), p)),
+            run_training, config, kafka, database, lambda p: steps.append((time.time(), p)),
             on_eval=lambda e: evals.append((time.time(), e)),
         )  # fmt: skip
     finally:
@@ -163,7 +163,8 @@ def summary(values: list[float]) -> dict[str, float] | None:
 
 
 def trl_leg(args: argparse.Namespace, settings: RealSettings) -> dict[str, Any]:
-    from agl_stream.training.model import quiet_transformers, set_threads
+    from agl_stream.training.hf import quiet_transformers
+    from agl_stream.training.model import set_threads
 
     quiet_transformers()
     try:

@@ -24,14 +24,14 @@ from aiokafka import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.bus.codec import Codec, DecodeError
+from agl_stream.bus.kafka import consumer, end_offsets
+from agl_stream.bus.streams import read_records
+from agl_stream.bus.topic_spec import load_topic_specs
+from agl_stream.commands.enqueue import RolloutOptions, enqueue
 from agl_stream.embedded.stack import StackState
-from agl_stream.enqueue import RolloutOptions, enqueue
 from agl_stream.events import AttemptFinished, AttemptStarted, RolloutFinished, RolloutQueued
-from agl_stream.kafka import consumer, end_offsets
-from agl_stream.streams import read_records
-from agl_stream.topic_spec import load_topic_specs
+from agl_stream.runtime.config import KafkaSettings, child_environment
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()
@@ -173,7 +173,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     env = child_environment(kafka)
     runners = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agl_stream.cli.main", "worker", "--role", "runner",
+            sys.executable, "-m", "agl_stream.cli.main", "worker", "runner",
             "--agent", "benchmarks.synthetic:agent", "--concurrency", str(args.concurrency),
             "--linger-ms", str(args.linger_ms),
             "--worker-id", f"bench-{i}", env=env, stdout=asyncio.subprocess.DEVNULL,

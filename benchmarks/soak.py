@@ -51,15 +51,15 @@ from rich.console import Console
 from rich.table import Table
 
 from agl_stream.agent import Rollout, emit_message, rollout
-from agl_stream.config import DatabaseSettings, KafkaSettings, child_environment, load
+from agl_stream.bus.kafka import admin_client, end_offsets, producer
+from agl_stream.bus.streams import EventPublisher, Topics
+from agl_stream.commands.enqueue import RolloutOptions, make_rollout
 from agl_stream.db.migrate import migrate
 from agl_stream.demo.task import ANSWER_WORDS, score
-from agl_stream.enqueue import RolloutOptions, make_rollout
 from agl_stream.events import Checkpoint, RolloutMode
-from agl_stream.kafka import admin_client, end_offsets, producer
 from agl_stream.projection.projector import projector_group
 from agl_stream.runner.worker import runner_group
-from agl_stream.streams import EventPublisher, Topics
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment, load
 from agl_stream.training.trainer import trainer_group
 from benchmarks.runners import sample
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
@@ -404,7 +404,7 @@ async def _drop(database: DatabaseSettings, name: str) -> None:
 
 async def _log_starts(kafka: KafkaSettings, tps: list[TopicPartition]) -> int:
     """The first offset still kept on the tasks topic's partition 0 (> 0: retention deleted)."""
-    from agl_stream.kafka import consumer
+    from agl_stream.bus.kafka import consumer
 
     async with consumer(kafka) as reader:
         starts = await reader.beginning_offsets(tps)

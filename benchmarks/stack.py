@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from rich.table import Table
 
-from agl_stream.config import KafkaSettings, StackSettings, load
+from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.embedded.stack import EmbeddedStack, StackState
-from agl_stream.topic_admin import apply_topics
+from agl_stream.runtime.config import KafkaSettings, StackSettings, load
 
 F = TypeVar("F")
 

@@ -40,13 +40,14 @@ from aiokafka import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import DatabaseSettings, KafkaSettings, load
+from agl_stream.bus.codec import Codec, DecodeError
+from agl_stream.bus.kafka import end_offsets
+from agl_stream.bus.streams import Topics, read_records
 from agl_stream.db.migrate import migrate
-from agl_stream.demo.run import DemoConfig, StepPoint, run_demo
+from agl_stream.demo.task import tasks
 from agl_stream.events import AttemptStarted, ResourcesPublished, RolloutFinished, RolloutQueued
-from agl_stream.kafka import end_offsets
-from agl_stream.streams import Topics, read_records
+from agl_stream.launch.run import RunConfig, StepPoint, run_training
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
 from agl_stream.training.checkpoints import CheckpointStore
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
@@ -126,14 +127,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     database = load(DatabaseSettings, database_url=state.database_url).with_database(f"bench_{run}")
     await migrate(database)
     out_dir = Path(tempfile.mkdtemp(prefix="agl-bench-step-"))
-    config = DemoConfig(
+    config = RunConfig(
         steps=args.steps, runners=args.runners, concurrency=args.concurrency, out_dir=out_dir,
         run_name=run, seed=args.seed, max_staleness=args.max_staleness, engine=args.engine,
+        task_source=tasks,
     )  # fmt: skip
     points: list[tuple[float, StepPoint]] = []  # (wall clock, point)
     began = time.time()
     await asyncio.to_thread(
-        run_demo, config, kafka, database, lambda p: points.append((time.time(), p))
+        run_training, config, kafka, database, lambda p: points.append((time.time(), p))
     )
     wall = time.time() - began
     records = await timestamped(kafka, ["resources", "tasks", "rollouts"])
@@ -189,7 +191,7 @@ def report(figures: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = benchmark_parser(__doc__)
-    defaults = DemoConfig()
+    defaults = RunConfig()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--runners", type=int, default=defaults.runners)
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)

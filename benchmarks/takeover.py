@@ -25,13 +25,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agl_stream.agent import rollout
-from agl_stream.codec import Codec
-from agl_stream.config import KafkaSettings
-from agl_stream.enqueue import RolloutOptions, enqueue
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.kafka import producer
+from agl_stream.bus.streams import Topics
+from agl_stream.commands.enqueue import RolloutOptions, enqueue
 from agl_stream.events import RolloutFinished, RolloutStatus
-from agl_stream.kafka import producer
 from agl_stream.runner.worker import Runner, RunnerConfig
-from agl_stream.streams import Topics
+from agl_stream.runtime.config import KafkaSettings
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark
 
 console = Console()

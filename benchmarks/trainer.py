@@ -30,11 +30,11 @@ from aiokafka import TopicPartition
 from rich.console import Console
 
 from agl_stream.agent.api import load_agent
-from agl_stream.config import KafkaSettings
-from agl_stream.enqueue import RolloutOptions, enqueue
+from agl_stream.bus.streams import read_partitions
+from agl_stream.commands.enqueue import RolloutOptions, enqueue
 from agl_stream.events import ResourcesPublished
 from agl_stream.runner.worker import Runner, RunnerConfig
-from agl_stream.streams import read_partitions
+from agl_stream.runtime.config import KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore
 from agl_stream.training.grpo import GRPOConfig
 from agl_stream.training.lora import LoraSettings

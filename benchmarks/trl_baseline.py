@@ -40,10 +40,11 @@ from typing import Any
 
 from rich.console import Console
 
-from agl_stream.demo.run import DemoConfig
 from agl_stream.demo.task import ANSWER_WORDS, LETTERS, score, tasks
+from agl_stream.launch.run import RunConfig
 from agl_stream.training.grpo import GRPOConfig as OurGRPO
-from agl_stream.training.model import initial_policy, quiet_transformers, set_threads
+from agl_stream.training.hf import quiet_transformers
+from agl_stream.training.model import initial_policy, set_threads
 from benchmarks.stack import benchmark_parser, key_value_table, run_benchmark
 
 console = Console()
@@ -168,7 +169,7 @@ def report(result: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = benchmark_parser(__doc__)
-    demo = DemoConfig()
+    demo = RunConfig()
     parser.add_argument("--steps", type=int, default=demo.steps)
     parser.add_argument("--groups-per-step", type=int, default=demo.groups_per_step)
     parser.add_argument("--group-size", type=int, default=demo.group_size)

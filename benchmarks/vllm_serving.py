@@ -39,11 +39,11 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from agl_stream.config import KafkaSettings, child_environment
+from agl_stream.commands.resources import Change, publish_resources
 from agl_stream.embedded.process import free_port
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
-from agl_stream.resources import Change, publish_resources
+from agl_stream.runtime.config import KafkaSettings, child_environment
 from agl_stream.serving.vllm_placement import PLACEMENTS
 from agl_stream.training.model import content_hash, initial_policy, save_policy
 from benchmarks.stack import benchmark_parser, fresh_topics, run_benchmark

@@ -34,6 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "or long (20,000: make fuzz).",
     )
     parser.addoption(
+        "--real-model-adapter",
+        action="store_true",
+        help="Also serve the real model's versions as vLLM LoRA adapters in its test (about "
+        "90 s more: make test-real-model).",
+    )
+    parser.addoption(
         "--vllm-demo",
         action="store_true",
         help="Also run the demo with the vLLM engine (minutes; make test-vllm-demo).",

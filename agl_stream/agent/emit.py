@@ -17,7 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.agent.spans import flatten
 from agl_stream.agent.tracing import current_recorder, tracer
-from agl_stream.rewards import AGL_REWARD
+from agl_stream.events.reward_rules import AGL_REWARD
 
 log = logging.getLogger(__name__)
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}

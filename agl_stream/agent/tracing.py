@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from agl_stream.agent.spans import to_event
 from agl_stream.events import SpanRecorded
-from agl_stream.rewards import span_reward
+from agl_stream.events.reward_rules import span_reward
 
 TRACER_NAME = "agl_stream"
 DROP_LOG_SECONDS = 60.0

@@ -1,4 +1,4 @@
-"""APO's options and its run (`worker --role trainer --algorithm apo`)."""
+"""APO's options and its run (`worker trainer --algorithm apo`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from rich.table import Table
 
 from agl_stream.cli.common import AppContext, PathType, console, stop_on_signals
 from agl_stream.cli.resources import read_template
-from agl_stream.enqueue import EnqueueError, read_tasks
+from agl_stream.commands.enqueue import EnqueueError, read_tasks
 
 
 def apo_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,7 +104,7 @@ def apo_config(options: dict[str, Any]) -> Any:
 def run_apo(
     app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
 ) -> None:
-    from agl_stream.metrics import serving_metrics
+    from agl_stream.telemetry.metrics import serving_metrics
     from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.apo.optimizer import Apo, ApoError
 

@@ -14,14 +14,6 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
-from agl_stream.cancel import (
-    OPEN_STATUSES,
-    CancelError,
-    Selection,
-    cancel,
-    select_by_filter,
-    select_by_id,
-)
 from agl_stream.cli.common import (
     AppContext,
     console,
@@ -30,9 +22,18 @@ from agl_stream.cli.common import (
     fail,
     friendly_errors,
     metadata_filter,
+    read_model_option,
     run,
 )
 from agl_stream.cli.times import TIME
+from agl_stream.commands.cancel import (
+    OPEN_STATUSES,
+    CancelError,
+    Selection,
+    cancel,
+    select_by_filter,
+    select_by_id,
+)
 from agl_stream.queries import ReadModel, Rollout
 from agl_stream.queries.params import MODES, RolloutFilter
 
@@ -82,11 +83,7 @@ class _Chosen:
     is_flag=True,
     help="Print the ids cancelled (with --dry-run: those it would cancel), one per line.",
 )
-@click.option(
-    "--read-model",
-    metavar="NAME",
-    help="Look rollouts up in this read model instead of the active one.",
-)
+@read_model_option("Look rollouts up in")
 @click.pass_obj
 @friendly_errors
 def cancel_command(

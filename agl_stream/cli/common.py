@@ -20,15 +20,15 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
 from sqlalchemy.exc import DBAPIError
 
-from agl_stream.auth import AuthSettings
-from agl_stream.config import ConfigError, DatabaseSettings, KafkaSettings, load
+from agl_stream.bus.kafka import KafkaCredentialsRefused
+from agl_stream.bus.topic_admin import TopicsNotReady
+from agl_stream.bus.topic_spec import TopicSpecError, load_topic_specs
 from agl_stream.db.problems import database_problem
 from agl_stream.embedded.process import StackError
-from agl_stream.kafka import KafkaCredentialsRefused
-from agl_stream.metrics import MetricsError
 from agl_stream.queries.params import NotFound, QueryError
-from agl_stream.topic_admin import TopicsNotReady
-from agl_stream.topic_spec import TopicSpecError, load_topic_specs
+from agl_stream.runtime.auth import AuthSettings
+from agl_stream.runtime.config import ConfigError, DatabaseSettings, KafkaSettings, load
+from agl_stream.telemetry.metrics import MetricsError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -236,3 +236,13 @@ def parse_offsets(
             )
         out[(topic, partition)] = int(match.group(3))
     return out
+
+
+def read_model_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--read-model NAME: which read model a command reads (default: the active one); `what`
+    says what the command does with it."""
+    return click.option(
+        "--read-model",
+        metavar="NAME",
+        help=f"{what} this read model instead of the active one (see `query read-models`).",
+    )

@@ -6,20 +6,21 @@ import asyncio
 
 import click
 
-from agl_stream.auth import MIN_TOKEN_LENGTH
 from agl_stream.cli.common import (
     AppContext,
     console,
     friendly_errors,
     listening_on,
+    read_model_option,
     stop_on_signals,
 )
+from agl_stream.runtime.auth import MIN_TOKEN_LENGTH
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
-@click.option("--read-model", help="Which read model to show. [default: the active one]")
+@read_model_option("Show")
 @click.option(
     "--token",
     metavar="TOKEN",

@@ -13,8 +13,9 @@ from rich.table import Table
 
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
 from agl_stream.cli.stack import home_option
-from agl_stream.config import DatabaseSettings
+from agl_stream.demo.task import tasks
 from agl_stream.embedded.process import free_port
+from agl_stream.runtime.config import DatabaseSettings
 
 
 @click.command("demo")
@@ -64,8 +65,8 @@ from agl_stream.embedded.process import free_port
     type=click.Choice(["lora", "full"]),
     default="lora",
     show_default=True,
-    help="With --model: train a LoRA adapter (reloaded into vLLM as an adapter) or the whole "
-    "model (reloaded in place).",
+    help="With --model: train a LoRA adapter (merged into the base, the layers it adapts "
+    "reloaded into vLLM in place) or the whole model (reloaded in place).",
 )
 @click.option(
     "--eval-every",
@@ -121,7 +122,7 @@ def demo(
         )  # fmt: skip
         return
     from agl_stream.demo.curve import plot_rewards, summary_rows
-    from agl_stream.demo.run import DemoConfig, DemoFailed, StepPoint, run_demo
+    from agl_stream.launch.run import RunConfig, RunFailed, StepPoint, run_training
 
     steps = steps or 30
     started = time.monotonic()
@@ -131,10 +132,9 @@ def demo(
         ready = ready_stack(home, app.topic_prefix)  # at the ports it was told, not the defaults
     kafka, database = ready.kafka, ready.database
     port = None if no_dashboard else _dashboard_port(dashboard_port)
-    config = DemoConfig(
+    config = RunConfig(
         steps=steps, runners=runners, seed=seed, out_dir=out_dir, max_staleness=max_staleness,
-        dashboard_port=port,
-        engine=engine,
+        dashboard_port=port, engine=engine, task_source=tasks,
     )  # fmt: skip
     console.print(
         f"demo {config.run_name}: {runners} runners, a projector, a trainer, a policy server "
@@ -156,8 +156,8 @@ def demo(
                 progress.update(bar, completed=point.step, reward=f"{point.mean_reward:.3f}")
 
             try:
-                points = run_demo(config, kafka, database, on_step)
-            except DemoFailed as exc:
+                points = run_training(config, kafka, database, on_step)
+            except RunFailed as exc:
                 raise click.ClickException(str(exc)) from None
         rollouts = asyncio.run(_rollout_counts(database))
     finally:

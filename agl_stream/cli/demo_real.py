@@ -16,8 +16,8 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, console
 
 if TYPE_CHECKING:
-    from agl_stream.demo.heldout import EvalPoint
-    from agl_stream.demo.run import StepPoint
+    from agl_stream.launch.heldout import EvalPoint
+    from agl_stream.launch.run import StepPoint
 
 
 def run_real_demo(
@@ -36,8 +36,8 @@ def run_real_demo(
 ) -> None:
     from agl_stream.demo.curve import plot_heldout
     from agl_stream.demo.real import RealSettings, real_config
-    from agl_stream.demo.run import DemoFailed, run_demo
     from agl_stream.embedded.ready import ready_stack
+    from agl_stream.launch.run import RunFailed, run_training
     from agl_stream.serving.vllm_process import cpu_build
     from agl_stream.training.pretrained import resolve_model
 
@@ -97,8 +97,8 @@ def run_real_demo(
                 )
 
             try:
-                points = run_demo(config, ready.kafka, ready.database, on_step, on_eval=on_eval)
-            except DemoFailed as exc:
+                points = run_training(config, ready.kafka, ready.database, on_step, on_eval=on_eval)
+            except RunFailed as exc:
                 raise click.ClickException(str(exc)) from None
     finally:
         if ready.started and not keep_stack:

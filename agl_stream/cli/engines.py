@@ -39,9 +39,10 @@ def engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--vllm-lora", type=click.Choice(["adapter", "merge"]), default="adapter",
                      show_default=True,
                      help="How a LoRA version is served. adapter: loaded as vLLM's LoRA "
-                          "adapter (well under a second). merge: merged into its base here and "
-                          "reloaded in place as whole weights (seconds), for vLLM's CPU build, "
-                          "which generates several times slower with an adapter on."),
+                          "adapter (well under a second). merge: merged into its base here, the "
+                          "layers it adapts reloaded in place (under a second for a small model), "
+                          "for vLLM's CPU build, which generates several times slower with an "
+                          "adapter on."),
         click.option("--vllm-enforce-eager", is_flag=True,
                      help="No compile warm-up: vLLM starts in about half the time, runs slower."),
         click.option("--vllm-scheduler", type=click.Choice(PLACEMENTS), default="auto",

@@ -17,7 +17,7 @@ from agl_stream.cli.common import (
     parse_key_values,
     run,
 )
-from agl_stream.enqueue import (
+from agl_stream.commands.enqueue import (
     EnqueueError,
     RolloutOptions,
     batch_key,

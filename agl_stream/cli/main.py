@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from agl_stream import __version__
 from agl_stream.cli import (
     cancel,
     dashboard,
@@ -27,6 +26,7 @@ from agl_stream.cli import (
     worker,
 )
 from agl_stream.cli.common import AppContext
+from agl_stream.runtime.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

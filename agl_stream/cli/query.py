@@ -13,23 +13,25 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console, friendly_errors, metadata_filter, run
+from agl_stream.bus.kafka import end_offsets
+from agl_stream.bus.streams import Topics
+from agl_stream.cli.common import (
+    AppContext,
+    console,
+    friendly_errors,
+    metadata_filter,
+    read_model_option,
+    run,
+)
 from agl_stream.cli.times import TIME
-from agl_stream.kafka import end_offsets
 from agl_stream.projection.replay import list_read_models, projected_partitions
 from agl_stream.queries import PartitionLag, ReadModel
 from agl_stream.queries.params import MODES, ROLLOUT_STATUSES, SORTS, RolloutFilter
-from agl_stream.streams import Topics
 
 T = TypeVar("T")
 
 
-def _read_model_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--read-model",
-        metavar="NAME",
-        help="Read this read model instead of the active one (see `query read-models`).",
-    )(f)
+_read_model_option = read_model_option("Read")
 
 
 def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:

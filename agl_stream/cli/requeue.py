@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import click
 
-from agl_stream.cli.common import AppContext, console, fail, friendly_errors, run
+from agl_stream.cli.common import AppContext, console, fail, friendly_errors, read_model_option, run
+from agl_stream.commands.requeue import FINISHED_STATUSES, RequeueError, requeue
 from agl_stream.queries import ReadModel, Rollout
-from agl_stream.requeue import FINISHED_STATUSES, RequeueError, requeue
 
 
 @click.command("requeue")
 @click.argument("rollout_ids", nargs=-1, required=True, metavar="ROLLOUT_ID...")
-@click.option(
-    "--read-model",
-    metavar="NAME",
-    help="Look rollouts up in this read model instead of the active one.",
-)
+@read_model_option("Look rollouts up in")
 @click.pass_obj
 @friendly_errors
 def requeue_command(app: AppContext, rollout_ids: tuple[str, ...], read_model: str | None) -> None:

@@ -17,7 +17,7 @@ from agl_stream.cli.common import (
     text_or_file,
 )
 from agl_stream.events import LLM, PromptTemplate, TemplateEngine
-from agl_stream.templates import TemplateError
+from agl_stream.events.templates import TemplateError
 
 
 def _named(value: str, flag: str) -> tuple[str, str]:
@@ -124,7 +124,7 @@ def publish(
 async def _publish(
     app: AppContext, resources_id: str, named: dict[str, Any], carry: bool, meta: dict[str, str]
 ) -> tuple[int, bool]:
-    from agl_stream.resources import Change, ResourcesConflict, ResourcesPublisher
+    from agl_stream.commands.resources import Change, ResourcesConflict, ResourcesPublisher
 
     try:
         change = Change(resources=named, resources_id=resources_id, carry=carry, metadata=meta)

@@ -7,10 +7,10 @@ import json
 import click
 from rich.table import Table
 
-from agl_stream import __version__
+from agl_stream.bus.schema_compat import compatibility_errors
+from agl_stream.bus.schema_registry import default_registry, schemas_dir, write_release
 from agl_stream.cli.common import console, friendly_errors
-from agl_stream.schema_compat import compatibility_errors
-from agl_stream.schema_registry import default_registry, schemas_dir, write_release
+from agl_stream.runtime.version import __version__
 
 
 @click.group()

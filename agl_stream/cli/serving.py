@@ -94,8 +94,8 @@ def serve(
     answered (`system_fingerprint` and the X-AGL-Resources-Id header). The torch engine runs
     the model in this process on --device in --dtype, batching concurrent requests; the vllm
     engine runs vLLM's server as a child process and reloads it in place (a LoRA adapter
-    too), restarting it if it dies. With AGL_STREAM_API_TOKEN set, every call but /health and
-    /metrics needs it as a bearer token.
+    too), restarting it if it dies. With AGL_STREAM_API_TOKEN set, every call but /health needs
+    it as a bearer token.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     from agl_stream.serving.server import PolicyServer
@@ -148,9 +148,9 @@ async def _load_fixed(server: PolicyServer, spec: str, seed: int, where: Placeme
 
 
 async def _follow(app: AppContext, server: PolicyServer, resource: str, pin: str | None) -> None:
-    from agl_stream.kafka import producer
-    from agl_stream.resources import ResourceCache, follow_resources
-    from agl_stream.supervision import restarting
+    from agl_stream.bus.kafka import producer
+    from agl_stream.commands.resources import ResourceCache, follow_resources
+    from agl_stream.runtime.supervision import restarting
 
     cache = ResourceCache()
     kafka = app.kafka()
@@ -249,11 +249,11 @@ def gateway(
     AGL_STREAM_UPSTREAM_TOKEN is the bearer token sent to the upstream (a `serve` that has a
     token of its own).
     """
+    from agl_stream.bus.kafka import producer
+    from agl_stream.bus.streams import EventPublisher, Topics
     from agl_stream.events import RolloutMode
     from agl_stream.gateway.proxy import Gateway
     from agl_stream.gateway.sessions import SessionConfig
-    from agl_stream.kafka import producer
-    from agl_stream.streams import EventPublisher, Topics
     from agl_stream.telemetry.otlp import exporting
 
     base = _url(upstream)

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors, run
-from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from agl_stream.db.migrate import migrate
 from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.topic_admin import apply_topics
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
 
 
 def _stack(

@@ -9,9 +9,9 @@ import click
 from rich.table import Table
 
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
-from agl_stream.config import KafkaSettings, StackSettings, load
+from agl_stream.commands.status import PartitionProjection, StatusReport, collect
 from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.status import PartitionProjection, StatusReport, collect
+from agl_stream.runtime.config import KafkaSettings, StackSettings, load
 
 
 def embedded_broker(kafka: KafkaSettings) -> str | None:

@@ -30,7 +30,7 @@ def _check_free(host: str, port: int) -> None:
 
 
 def _address() -> tuple[str, int]:
-    from agl_stream.agl.env import EnvError, server_address
+    from agl_stream.compat.agl.env import EnvError, server_address
 
     try:
         address = server_address()
@@ -55,7 +55,7 @@ def _address() -> tuple[str, int]:
     "--projector/--no-projector",
     default=True,
     show_default=True,
-    help="Run a projector in the store's process (or rely on `worker --role projector`).",
+    help="Run a projector in the store's process (or rely on `worker projector`).",
 )
 @click.pass_obj
 @friendly_errors
@@ -64,8 +64,8 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
     OTLP/HTTP traces at /v1/traces) backed by agl-stream's topics and read model: Agent
     Lightning's runners and algorithms given AGENT_LIGHTNING_STORE_URL (or AGL_SERVER_HOST and
     AGL_SERVER_PORT) connect unchanged, and what they record survives this process. With
-    AGL_STREAM_API_TOKEN set, calls need it as a bearer token (agl_stream.agl.TokenStoreClient
-    sends it)."""
+    AGL_STREAM_API_TOKEN set, calls need it as a bearer token
+    (agl_stream.compat.agl.TokenStoreClient sends it)."""
     default_host, default_port = _address()
     host = host or default_host
     port = default_port if port is None else port
@@ -77,9 +77,9 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
         _check_free(host, port)
 
     async def main() -> None:
-        from agl_stream.agl import AglStreamStore
-        from agl_stream.agl.env import store_url
-        from agl_stream.agl.server import store_server
+        from agl_stream.compat.agl import AglStreamStore
+        from agl_stream.compat.agl.env import store_url
+        from agl_stream.compat.agl.server import store_server
 
         stop = stop_on_signals()
         facade = AglStreamStore(kafka, database, run_projector=projector)

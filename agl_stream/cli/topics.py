@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
+from agl_stream.bus.topic_admin import apply_topics, ensure_topics_ready
+from agl_stream.bus.topic_spec import load_topic_specs
 from agl_stream.cli.common import AppContext, console, friendly_errors, run
-from agl_stream.topic_admin import apply_topics, ensure_topics_ready
-from agl_stream.topic_spec import load_topic_specs
 
 
 @click.group()

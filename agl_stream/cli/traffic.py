@@ -15,6 +15,7 @@ from agl_stream.cli.common import (
     err_console,
     friendly_errors,
     parse_key_values,
+    read_model_option,
     run,
 )
 from agl_stream.cli.times import TIME
@@ -58,7 +59,7 @@ def reward_command(
     result). It counts once an attempt of the rollout is on the rollouts topic: a reward for
     an unknown rollout or attempt goes to the dead-letter topic with the reason
     (`agl-stream dlq list`). `agl-stream query rewards ROLLOUT_ID` shows those that counted."""
-    from agl_stream.late_rewards import BadReward, RewardSender, make_reward
+    from agl_stream.commands.rewards import BadReward, RewardSender, make_reward
 
     try:
         event = make_reward(
@@ -123,12 +124,12 @@ def ingest_otlp(
     (`agl.attempt.key`), gets a 400 (or a dead letter) with the reason."""
     import asyncio
 
+    from agl_stream.bus.kafka import producer
+    from agl_stream.bus.streams import EventPublisher, Topics
+    from agl_stream.bus.topic_admin import ensure_topics_ready
     from agl_stream.cli.common import listening_on, stop_on_signals
-    from agl_stream.kafka import producer
     from agl_stream.otlp.ingest import OtlpIngest, OtlpReceiver, consume_collector_topic
-    from agl_stream.streams import EventPublisher, Topics
-    from agl_stream.supervision import restarting
-    from agl_stream.topic_admin import ensure_topics_ready
+    from agl_stream.runtime.supervision import restarting
 
     if no_http and collector_topic is None:
         raise click.UsageError("nothing to ingest: --no-http needs --collector-topic")
@@ -211,7 +212,7 @@ def ingest_otlp(
     help="Each attempt's reward is the late reward NAME (`agl-stream reward`) instead of its own.",
 )
 @click.option("--min-reward", type=float, help="Only attempts whose reward reaches this.")
-@click.option("--read-model", help="Export from this read model instead of the active one.")
+@read_model_option("Export from")
 @click.pass_obj
 @friendly_errors
 def export_command(

@@ -1,4 +1,4 @@
-"""The trainer's options (shared by `worker --role trainer` and `retrain`), `retrain` and
+"""The trainer's options (shared by `worker trainer` and `retrain`), `retrain` and
 `checkpoints`."""
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
 def run_trainer(
     app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
 ) -> None:
-    from agl_stream.metrics import serving_metrics
+    from agl_stream.telemetry.metrics import serving_metrics
     from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.trainer import Trainer
 

@@ -1,5 +1,5 @@
-"""Cancel and requeue, allowed only when the dashboard has a token (agl_stream/auth.py checks
-it before any handler runs: a bearer header, or the cookie a browser got at /login). A call
+"""Cancel and requeue, allowed only when the dashboard has a token (agl_stream/runtime/auth.py
+checks it before any handler runs: a bearer header, or the cookie a browser got at /login). A call
 authenticated by the cookie alone must also carry the header X-AGL-Dashboard, which a page of
 another site cannot add without a CORS preflight this server never grants: a cookie alone
 never acts. Without a token the dashboard is read-only: the actions answer 403 and say how
@@ -12,10 +12,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agl_stream import auth
-from agl_stream.cancel import OPEN_STATUSES, cancel
+from agl_stream.commands.cancel import OPEN_STATUSES, cancel
+from agl_stream.commands.requeue import RequeueError, requeue
 from agl_stream.dashboard.api import ACTIONS, KAFKA, READ_MODEL, error, rollout_id_of
-from agl_stream.requeue import RequeueError, requeue
+from agl_stream.runtime import auth
 
 MAX_BODY = 64 * 1024
 

@@ -10,14 +10,14 @@ from aiohttp import web
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from pydantic import BaseModel
 
-from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import KafkaSettings
+from agl_stream.bus.codec import Codec, DecodeError
+from agl_stream.bus.dead_letters import DeadLetterView
 from agl_stream.dashboard.runs import runs_from_versions
-from agl_stream.dead_letters import DeadLetterView
 from agl_stream.events.ids import require_id
 from agl_stream.queries import NotFound, QueryError, ReadModel
 from agl_stream.queries.dead_letters import read_dead_letters
 from agl_stream.queries.params import RolloutFilter
+from agl_stream.runtime.config import KafkaSettings
 
 READ_MODEL = web.AppKey("read_model", ReadModel)
 KAFKA = web.AppKey("kafka", KafkaSettings)
@@ -58,7 +58,7 @@ def error(status: int, message: str) -> web.Response:
 
 
 def error_shape(status: int, message: str, kind: str) -> web.Response:
-    """agl_stream.http_errors' answers in the API's shape."""
+    """agl_stream.runtime.http_errors' answers in the API's shape."""
     return error(status, message)
 
 

@@ -13,9 +13,9 @@ import json
 import asyncpg
 from aiohttp import web
 
-from agl_stream.config import DatabaseSettings
 from agl_stream.projection.store import NOTIFY_CHANNEL
-from agl_stream.supervision import restarting
+from agl_stream.runtime.config import DatabaseSettings
+from agl_stream.runtime.supervision import restarting
 
 MIN_GAP_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0

@@ -9,11 +9,11 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from agl_stream import __version__
 from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.runs import Run
 from agl_stream.queries.models import Attempt, Page, Resources, Reward, Rollout, Span, Worker
 from agl_stream.queries.params import MAX_LIMIT, MODES, ROLLOUT_STATUSES, SORTS
+from agl_stream.runtime.version import __version__
 
 
 class RolloutDetail(BaseModel):
@@ -36,7 +36,7 @@ class AuthProblem(BaseModel):
 
 
 class AuthErrorBody(BaseModel):
-    """What agl_stream/auth.py answers a call without the token (401)."""
+    """What agl_stream/runtime/auth.py answers a call without the token (401)."""
 
     error: AuthProblem
 

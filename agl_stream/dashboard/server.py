@@ -8,12 +8,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agl_stream import auth, http_errors
-from agl_stream.config import DatabaseSettings, KafkaSettings
 from agl_stream.dashboard import actions, api
 from agl_stream.dashboard.live import Changes
 from agl_stream.dashboard.openapi import ROUTES, document
 from agl_stream.queries import ReadModel
+from agl_stream.runtime import auth, http_errors
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.runtime.http import Listening
 
 STATIC = Path(__file__).parent / "static"
 
@@ -62,7 +63,7 @@ class Dashboard:
         self.read_model = read_model
         self.token = token
         self.url = ""
-        self._runner: web.AppRunner | None = None
+        self._listening: Listening | None = None
         self._changes = Changes(database)
         self._resources = AsyncExitStack()
 
@@ -71,17 +72,13 @@ class Dashboard:
             ReadModel.open(self.database, self.read_model)
         )
         await self._changes.start()
-        self._runner = web.AppRunner(
-            make_app(model, self._changes, self.kafka, self.token), access_log=None
-        )
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        app = make_app(model, self._changes, self.kafka, self.token)
+        self._listening = await Listening.start(app, host, port)
+        self.url = self._listening.url
         return self.url
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.shutdown()
-            await self._runner.cleanup()
+        if self._listening is not None:
+            await self._listening.stop()
         await self._changes.stop()
         await self._resources.aclose()

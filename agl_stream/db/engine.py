@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from agl_stream.config import DatabaseSettings
+from agl_stream.runtime.config import DatabaseSettings
 
 
 def async_engine(settings: DatabaseSettings, **options: Any) -> AsyncEngine:

@@ -13,8 +13,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from agl_stream.config import DatabaseSettings
 from agl_stream.db.engine import async_engine
+from agl_stream.runtime.config import DatabaseSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 READ_MODEL_MIGRATIONS = Path(__file__).parent / "read_model"

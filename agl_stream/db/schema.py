@@ -192,7 +192,7 @@ rewards = Table(
     Column("given_at", DateTime(timezone=True), nullable=False),
 )
 
-# The Agent Lightning store facade's records (agl_stream.agl), each as its highest revision:
+# The Agent Lightning store facade's records (agl_stream.compat.agl), each as its highest revision:
 # `body` holds {"record": <Agent Lightning's model as JSON>, ...the facade's own fields}.
 agl_records = Table(
     "agl_records",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agl_stream.demo.run import StepPoint
+from agl_stream.launch.run import StepPoint
 
 
 def tenths(points: Sequence[StepPoint]) -> tuple[float, float]:

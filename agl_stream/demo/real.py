@@ -7,7 +7,8 @@ The settings were chosen from measurements on the project's 2-core machine (the 
 benchmarks/real_model.py, records them): a LoRA adapter of rank 16 on the model in bfloat16
 (an update runs about twice as fast as in float32 on CPUs with AVX-512 bf16; a checkpoint is
 a 0.2 MB adapter with its optimiser, not 1.6 GB), merged into the base by the policy server
-and reloaded whole into vLLM (vLLM's CPU build generates 3.5x slower with an adapter on), 4
+and the layers it adapts reloaded into vLLM in place (vLLM's CPU build generates 3.5x slower
+with an adapter on), 4
 groups of 8 attempts a step at temperature 0.7, one pass, the trainer on both cores while
 vLLM waits (on-policy).
 """
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_stream.demo.heldout import Evaluation
-from agl_stream.demo.run import DemoConfig
 from agl_stream.demo.word_problems import HELDOUT_SIZE, MAX_TOKENS, TRAIN_TEMPERATURE, heldout
 from agl_stream.demo.word_problems import tasks as word_problems
+from agl_stream.launch.heldout import Evaluation
+from agl_stream.launch.run import RunConfig
 
 REAL_MODEL = "smollm2-135m-instruct"
 AGENT = "agl_stream.demo.word_problems:solve"
@@ -44,9 +45,9 @@ class RealSettings:
     eval_every: int = 10
     heldout_size: int = HELDOUT_SIZE
     keep: int = 3  # checkpoints kept (a whole-model step is 0.8 GB with its optimiser)
-    # How vLLM serves each LoRA version: merged into the base and reloaded as whole weights
-    # (vLLM's CPU build answered 32 calls in 19.7 s with an adapter on, 5.4 s without), or
-    # as an adapter (a reload of 0.85 s median, against ~3 s merged).
+    # How vLLM serves each LoRA version: merged into the base, its adapted layers reloaded in
+    # place (vLLM's CPU build answered 32 calls in 19.7 s with an adapter on, 5.4 s without),
+    # or as an adapter.
     serve_lora: str = "merge"
 
     def __post_init__(self) -> None:
@@ -84,28 +85,28 @@ class RealSettings:
         return (*args, "--vllm-args", "--max-num-seqs 64")
 
 
-def real_config(settings: RealSettings, **demo: Any) -> DemoConfig:
-    """The DemoConfig of the real demo; `demo` sets DemoConfig's own fields (steps, seed,
+def real_config(settings: RealSettings, **demo: Any) -> RunConfig:
+    """The RunConfig of the real demo; `demo` sets RunConfig's own fields (steps, seed,
     out_dir, dashboard_port, run_name, ...)."""
     items = heldout(settings.heldout_size)
-    return DemoConfig(
-        groups_per_step=settings.groups_per_step,
-        group_size=settings.group_size,
-        learning_rate=settings.lr,
-        agent=AGENT,
-        task_source=word_problems,
-        engine="vllm",
-        vllm_args=(),  # compiled: starts slower, generates faster over a long run
-        model=settings.model,
-        trainer_args=settings.trainer_args(),
-        serve_args=settings.serve_args(),
-        evaluation=Evaluation(items, every=settings.eval_every),
-        runners=1,
-        concurrency=64,
-        timeout_seconds=300.0,
-        stall_seconds=900.0,
-        **demo,
-    )
+    defaults: dict[str, Any] = {
+        "groups_per_step": settings.groups_per_step,
+        "group_size": settings.group_size,
+        "learning_rate": settings.lr,
+        "agent": AGENT,
+        "task_source": word_problems,
+        "engine": "vllm",
+        "vllm_args": (),  # compiled: starts slower, generates faster over a long run
+        "model": settings.model,
+        "trainer_args": settings.trainer_args(),
+        "serve_args": settings.serve_args(),
+        "evaluation": Evaluation(items, every=settings.eval_every),
+        "runners": 1,
+        "concurrency": 64,
+        "timeout_seconds": 300.0,
+        "stall_seconds": 900.0,
+    }
+    return RunConfig(**{**defaults, **demo})
 
 
 def training_prompts(seed: int, steps: int, groups_per_step: int) -> list[dict[str, Any]]:
@@ -115,7 +116,7 @@ def training_prompts(seed: int, steps: int, groups_per_step: int) -> list[dict[s
     return [item for _ in range(steps) for item in word_problems(rng, groups_per_step)]
 
 
-def output_dir(config: DemoConfig) -> Path:
+def output_dir(config: RunConfig) -> Path:
     return config.out_dir / config.run_name
 
 

@@ -7,10 +7,10 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from agl_stream.config import DatabaseSettings, KafkaSettings, StackSettings, load
+from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
 from agl_stream.embedded.stack import EmbeddedStack
-from agl_stream.topic_admin import apply_topics
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from agl_stream.config import StackSettings
 from agl_stream.embedded import kafka_dist, kafka_node, postgres
 from agl_stream.embedded.kafka_node import BrokerSecurity, KafkaNode
 from agl_stream.embedded.process import StackError, alive, pick_port, port_free, port_open
+from agl_stream.runtime.config import StackSettings
 
 STATE_FILE = "stack.json"
 BROKER = f"Apache Kafka {kafka_dist.KAFKA_VERSION}"

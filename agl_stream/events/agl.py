@@ -1,4 +1,4 @@
-"""The Agent Lightning store facade's records (agl_stream.agl): its rollouts, attempts,
+"""The Agent Lightning store facade's records (agl_stream.compat.agl): its rollouts, attempts,
 workers and resources snapshots in Agent Lightning 0.3's own JSON shape."""
 
 from __future__ import annotations

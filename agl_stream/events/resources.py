@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field
 
 from agl_stream.events.base import MAX_LONG, Event, Record
 from agl_stream.events.ids import Id
-from agl_stream.templates import placeholders, render
+from agl_stream.events.templates import placeholders, render
 
 # A version published with metadata pin_only=true (an algorithm's candidate under evaluation)
 # runs only in tasks that pin it: it never becomes the latest version.

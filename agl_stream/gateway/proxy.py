@@ -20,10 +20,11 @@ from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
-from agl_stream import auth, http_errors
 from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
-from agl_stream.codec import Codec
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.kafka import MAX_RECORD_BYTES
+from agl_stream.bus.streams import EventPublisher
 from agl_stream.events import LLM, SpanRecorded
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.events import BadEvents, parse_events
@@ -55,11 +56,11 @@ from agl_stream.gateway.wire import (
     prepare_request,
     read_chunk,
 )
-from agl_stream.metrics import WorkerMetrics
-from agl_stream.redaction import NO_REDACTION, Redaction
-from agl_stream.runner.lane import MAX_RECORD_BYTES
-from agl_stream.streams import EventPublisher
-from agl_stream.supervision import restarting
+from agl_stream.runtime import auth, http_errors
+from agl_stream.runtime.http import Listening, guarded_app
+from agl_stream.runtime.redaction import NO_REDACTION, Redaction
+from agl_stream.runtime.supervision import restarting
+from agl_stream.telemetry.metrics import WorkerMetrics
 
 FORWARDED_HEADERS = ("Authorization", "OpenAI-Organization", "OpenAI-Project", "Accept")
 PUMP_SECONDS = 0.2
@@ -116,7 +117,7 @@ class Gateway:
         self.url = ""
         self.counts: dict[str, int] = {"calls": 0, "failed": 0, "unattributed": 0}
         self.metrics = WorkerMetrics("gateway", self._snapshot)
-        self._runner: web.AppRunner | None = None
+        self._listening: Listening | None = None
         self._session: aiohttp.ClientSession | None = None
         self._pump: asyncio.Task[None] | None = None
 
@@ -165,20 +166,14 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         Tracing.install()
-        app = web.Application(client_max_size=MAX_BODY)
-        auth.protect(app, self.token, allow=_own_credential)
-        http_errors.install(app)
+        app = guarded_app(MAX_BODY, self.token, allow=_own_credential)
         app.router.add_get("/metrics", self.metrics.respond)  # before the routes to upstreams
         app.router.add_post("/rollouts/{rollout}/attempts/{attempt}/events", self._events)
         if self.rewards is not None:
             self.rewards.add_to(app)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        bound = self._runner.addresses[0][1]
-        self.url = f"http://{host}:{bound}"
+        self._listening = await Listening.start(app, host, port)
+        self.url = self._listening.url
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_read=self.upstream_timeout),
@@ -192,8 +187,8 @@ class Gateway:
     async def stop(self) -> None:
         for route in list(self.routes.values()):
             await route.drain(1.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._listening is not None:
+            await self._listening.stop()
         if self.sessions is not None:
             await self.sessions.close()
         if self._session is not None:

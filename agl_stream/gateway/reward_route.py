@@ -24,14 +24,14 @@ from typing import Any
 from aiohttp import web
 from aiokafka.errors import MessageSizeTooLargeError
 
-from agl_stream.auth import credential_refusal
-from agl_stream.codec import Codec
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.kafka import MAX_RECORD_BYTES
+from agl_stream.bus.streams import EventPublisher
+from agl_stream.commands.rewards import REWARDS_TOPIC, BadReward, make_reward
 from agl_stream.events import RewardRecorded
 from agl_stream.gateway.wire import error_body
-from agl_stream.http_errors import read_body
-from agl_stream.late_rewards import REWARDS_TOPIC, BadReward, make_reward
-from agl_stream.runner.lane import MAX_RECORD_BYTES
-from agl_stream.streams import EventPublisher
+from agl_stream.runtime.auth import credential_refusal
+from agl_stream.runtime.http_errors import read_body
 
 MAX_REWARDS = 1000
 # A reward is a few hundred bytes (ids, a name, a little metadata): 1000 of them at 8 KiB each
@@ -113,7 +113,7 @@ def _reward(where: str, item: Any, session_rollout: Callable[[str], str] | None)
 
 
 class RewardEndpoint:
-    """The handler; `token` guards it (agl_stream.auth.credential_refusal)."""
+    """The handler; `token` guards it (agl_stream.runtime.auth.credential_refusal)."""
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from typing import Any
 from aiokafka.errors import MessageSizeTooLargeError
 
 from agl_stream.agent.tracing import AttemptRecorder
+from agl_stream.bus.streams import EventPublisher
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
@@ -37,8 +38,7 @@ from agl_stream.events import (
     RolloutStatus,
 )
 from agl_stream.gateway.recording import AttemptRoute, call_log_id
-from agl_stream.http_errors import unexpected
-from agl_stream.streams import EventPublisher
+from agl_stream.runtime.http_errors import unexpected
 
 log = logging.getLogger(__name__)
 

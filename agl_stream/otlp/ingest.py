@@ -23,18 +23,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agl_stream import auth, http_errors
-from agl_stream.codec import Codec
-from agl_stream.config import KafkaSettings
-from agl_stream.dead_letters import dead_letter
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.dead_letters import dead_letter
+from agl_stream.bus.kafka import MAX_RECORD_BYTES, consumer
+from agl_stream.bus.streams import DLQ_TOPIC, EventPublisher, Topics
 from agl_stream.events import SpanRecorded
 from agl_stream.events.spans import too_large_stand_in
-from agl_stream.kafka import consumer
-from agl_stream.metrics import WorkerMetrics
 from agl_stream.otlp.decode import JSON, PROTOBUF, OtlpError, decode_protobuf, decode_request
 from agl_stream.otlp.mapping import INPUT, map_request
-from agl_stream.runner.lane import MAX_RECORD_BYTES
-from agl_stream.streams import DLQ_TOPIC, EventPublisher, Topics
+from agl_stream.runtime.config import KafkaSettings
+from agl_stream.runtime.http import Listening, guarded_app
+from agl_stream.telemetry.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -98,24 +97,20 @@ class OtlpReceiver:
         self.token = token
         self.metrics = WorkerMetrics("otlp", lambda: dict(ingest.counts))
         self.url = ""
-        self._runner: web.AppRunner | None = None
+        self._listening: Listening | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 4318) -> str:
-        app = web.Application(client_max_size=MAX_BODY)
-        auth.protect(app, self.token)
-        http_errors.install(app, _status_shape)
+        app = guarded_app(MAX_BODY, self.token, _status_shape)
         app.router.add_post("/v1/traces", self._traces)
         app.router.add_get("/metrics", self.metrics.respond)
         app.router.add_get("/health", _alive)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        self._listening = await Listening.start(app, host, port)
+        self.url = self._listening.url
         return self.url
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._listening is not None:
+            await self._listening.stop()
 
     async def _traces(self, request: web.Request) -> web.Response:
         content_type = request.headers.get("Content-Type", "")

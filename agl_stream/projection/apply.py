@@ -22,14 +22,14 @@ import asyncpg
 import asyncpg.exceptions._base
 import orjson
 
-from agl_stream.codec import Codec
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.streams import Batch, ConsumedEvent, Converted, Converter
 from agl_stream.events import AttemptFinished, AttemptStarted, RewardRecorded
+from agl_stream.events.reward_rules import late_reward_refusal, record_time
 from agl_stream.projection.fold import State, keys, project
 from agl_stream.projection.rows import SpanRow
 from agl_stream.projection.span_record import span_row_from_datum, span_tuple_from_record
 from agl_stream.projection.store import Partition, ProjectionStore, active_read_model
-from agl_stream.rewards import late_reward_refusal, record_time
-from agl_stream.streams import Batch, ConsumedEvent, Converted, Converter
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`agl-stream worker --role projector`: every event topic into the active read model.
+"""`agl-stream worker projector`: every event topic into the active read model.
 
 Projectors share the partitions through a consumer group (range assignment, so partition p
 of tasks, rollouts and spans, which carry the same rollouts, goes to the same projector).
@@ -26,11 +26,12 @@ from aiokafka import (
 )
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from agl_stream.config import DatabaseSettings, KafkaSettings
-from agl_stream.dead_letters import dead_letter
+from agl_stream.bus.dead_letters import dead_letter
+from agl_stream.bus.kafka import consumer, producer
+from agl_stream.bus.roles import role
+from agl_stream.bus.streams import DLQ_TOPIC, Batch, EventPublisher, EventStream, Topics
+from agl_stream.bus.topic_admin import ensure_topics_ready
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
-from agl_stream.kafka import consumer, producer
-from agl_stream.metrics import WorkerMetrics
 from agl_stream.projection.apply import (
     CONVERTERS,
     Applied,
@@ -41,8 +42,8 @@ from agl_stream.projection.apply import (
     Switched,
 )
 from agl_stream.projection.store import Partition, active_read_model, connect
-from agl_stream.streams import DLQ_TOPIC, Batch, EventPublisher, EventStream, Topics
-from agl_stream.topic_admin import ensure_topics_ready
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.telemetry.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ def _host() -> str:
 
 
 def projector_group(topic_prefix: str) -> str:
-    """The projectors' consumer group: agl-projector for the default prefix."""
-    return f"{topic_prefix.rstrip('.')}-projector"
+    """The projectors' consumer group (workers/projector.toml): agl-projector for the default
+    prefix."""
+    return role("projector").group_id(topic_prefix)
 
 
 @dataclass

@@ -17,13 +17,13 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agl_stream.config import DatabaseSettings, KafkaSettings
+from agl_stream.bus.kafka import admin_client, consumer, end_offsets
+from agl_stream.bus.streams import Batch, EventStream, Topics
 from agl_stream.db.migrate import create_read_model
-from agl_stream.kafka import admin_client, consumer, end_offsets
 from agl_stream.projection.apply import CONVERTERS, Applied, Projection
 from agl_stream.projection.projector import PROJECTED_TOPICS
 from agl_stream.projection.store import Partition, connect
-from agl_stream.streams import Batch, EventStream, Topics
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 
 Progress = Callable[[int, int], None]  # (records done, records to do)
 

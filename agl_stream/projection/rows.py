@@ -143,7 +143,7 @@ class WorkerRow:
 
 @dataclass(frozen=True, slots=True)
 class AglRecordRow:
-    """A record of the Agent Lightning store facade (agl_stream.agl): its highest revision.
+    """A record of the Agent Lightning store facade (agl_stream.compat.agl): its highest revision.
     `rollout_id` is the rollout of a rollout or attempt record, '' for the others."""
 
     kind: str

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agl_stream.codec import HEADER_LENGTH, MARKER
+from agl_stream.bus.codec import HEADER_LENGTH, MARKER
+from agl_stream.bus.schema_registry import default_registry
 from agl_stream.events.ids import require_id
 from agl_stream.projection.rows import SpanRow
-from agl_stream.schema_registry import default_registry
 
 try:
     from agl_stream.projection import _spanfast  # type: ignore[attr-defined]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from agl_stream.config import KafkaSettings
-from agl_stream.dead_letters import DeadLetterView
-from agl_stream.kafka import end_offsets
-from agl_stream.streams import read_records
+from agl_stream.bus.dead_letters import DeadLetterView
+from agl_stream.bus.kafka import end_offsets
+from agl_stream.bus.streams import read_records
+from agl_stream.runtime.config import KafkaSettings
 
 
 async def read_dead_letters(settings: KafkaSettings, limit: int) -> list[DeadLetterView]:

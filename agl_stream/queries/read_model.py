@@ -26,7 +26,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from agl_stream.config import DatabaseSettings
 from agl_stream.db import schema as db
 from agl_stream.db.engine import async_engine
 from agl_stream.events import PIN_ONLY
@@ -51,6 +50,7 @@ from agl_stream.queries.params import (
     decode_cursor,
     encode_cursor,
 )
+from agl_stream.runtime.config import DatabaseSettings
 
 Offsets = Mapping[TopicPartition, int] | Mapping[tuple[str, int], int]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -361,7 +361,7 @@ class ReadModel:
         except TimeoutError:
             raise TimeoutError(
                 f"the read model did not reach {wanted} within {within:g} s: is a projector "
-                "running (`agl-stream worker --role projector`)?"
+                "running (`agl-stream worker projector`)?"
             ) from None
 
     async def _wait(self, done: Callable[[], Awaitable[bool]], within: float) -> None:

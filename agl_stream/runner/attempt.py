@@ -19,13 +19,13 @@ from opentelemetry import context as otel_context
 from agl_stream.agent.api import LitAgent, NamedResources, Rollout
 from agl_stream.agent.emit import emit_reward
 from agl_stream.agent.tracing import AttemptRecorder, current_recorder, tracer
+from agl_stream.bus.streams import Sender
 from agl_stream.events import AttemptStatus, ErrorInfo, RolloutQueued
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.routes import attempt_event_url
-from agl_stream.redaction import NO_REDACTION, Redaction
 from agl_stream.runner.lane import EventTooLarge
-from agl_stream.streams import Sender
+from agl_stream.runtime.redaction import NO_REDACTION, Redaction
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from typing import Protocol
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from agl_stream.codec import Codec, DecodeError
-from agl_stream.config import KafkaSettings
+from agl_stream.bus.codec import Codec, DecodeError
+from agl_stream.bus.kafka import consumer
+from agl_stream.bus.streams import EVENT_TYPE_HEADER
 from agl_stream.events import RolloutCancelled
-from agl_stream.kafka import consumer
-from agl_stream.streams import EVENT_TYPE_HEADER
+from agl_stream.runtime.config import KafkaSettings
 
 CANCEL_TYPE = RolloutCancelled.type_name()
 POLL_MS = 200

@@ -22,11 +22,11 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, RecordMetadata
 
-from agl_stream.codec import Codec
-from agl_stream.config import KafkaSettings
+from agl_stream.bus.codec import Codec
+from agl_stream.bus.kafka import MAX_RECORD_BYTES, started
+from agl_stream.bus.streams import EVENT_TYPE_HEADER, EventNotAllowed, Topics
 from agl_stream.events import Event
-from agl_stream.kafka import started
-from agl_stream.streams import EVENT_TYPE_HEADER, EventNotAllowed, Topics
+from agl_stream.runtime.config import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ class EventTooLarge(ValueError):
         self.size, self.limit = size, limit
 
 
-MAX_RECORD_BYTES = 1_000_000  # under aiokafka's (and Kafka's) default 1 MiB request limit
 CLOSE_SECONDS = 15.0
 
 

@@ -37,7 +37,17 @@ from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
-from agl_stream.config import KafkaSettings
+from agl_stream.bus.kafka import admin_client, consumer, end_offsets, producer, retrying
+from agl_stream.bus.roles import role
+from agl_stream.bus.streams import (
+    ConsumedEvent,
+    EventPublisher,
+    EventStream,
+    Topics,
+    read_partition_from,
+)
+from agl_stream.bus.topic_admin import ensure_topics_ready
+from agl_stream.commands.resources import ResourceCache, follow_resources
 from agl_stream.events import (
     AttemptFinished,
     AttemptStarted,
@@ -53,35 +63,26 @@ from agl_stream.events import (
     WorkerStatus,
 )
 from agl_stream.gateway.proxy import Gateway
-from agl_stream.kafka import admin_client, consumer, end_offsets, producer, retrying
-from agl_stream.metrics import WorkerMetrics
-from agl_stream.redaction import Redaction
-from agl_stream.resources import ResourceCache, follow_resources
 from agl_stream.runner.attempt import AttemptHandle, Outcome, execute
 from agl_stream.runner.cancel_watch import CancelWatch
 from agl_stream.runner.lane import Checkpoint, Lane, LaneClosed, committed_checkpoint
 from agl_stream.runner.ledger import Action, Ledger, cancelled_error
 from agl_stream.runner.offsets import PartitionProgress
 from agl_stream.runner.policy import Requeue, decide
-from agl_stream.streams import (
-    ConsumedEvent,
-    EventPublisher,
-    EventStream,
-    Topics,
-    read_partition_from,
-)
-from agl_stream.supervision import Supervisor, restarting
+from agl_stream.runtime.config import KafkaSettings
+from agl_stream.runtime.redaction import Redaction
+from agl_stream.runtime.supervision import Supervisor, restarting
+from agl_stream.telemetry.metrics import WorkerMetrics
 from agl_stream.telemetry.spans import fail
-from agl_stream.topic_admin import ensure_topics_ready
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def runner_group(topic_prefix: str) -> str:
-    """The runners' consumer group: one per topic prefix (agl. -> agl-runners), so separate
-    deployments on one cluster never share a group."""
-    return f"{topic_prefix.rstrip('.') or 'agl'}-runners"
+    """The runners' consumer group (workers/runner.toml): one per topic prefix (agl. ->
+    agl-runners), so separate deployments on one cluster never share a group."""
+    return role("runner").group_id(topic_prefix)
 
 
 HAND_BACK_GRACE_SECONDS = 2.0
@@ -111,10 +112,10 @@ class RunnerConfig:
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 0
     # Bearer tokens of the gateway: what calls off an attempt's URL must carry, and what it
-    # sends to the upstreams (agl_stream/auth.py).
+    # sends to the upstreams (agl_stream/runtime/auth.py).
     gateway_token: str | None = None
     upstream_token: str | None = None
-    # Applied to every span before it leaves this process (agl_stream/redaction.py).
+    # Applied to every span before it leaves this process (agl_stream/runtime/redaction.py).
     redaction: Redaction = field(default_factory=Redaction.of)
 
 

@@ -16,8 +16,8 @@ import torch
 from agl_stream.events import Checkpoint
 from agl_stream.serving.engines import Job, Serving
 from agl_stream.training.device import Placement, model_device
+from agl_stream.training.hf import Policy
 from agl_stream.training.local_llm import local_llm
-from agl_stream.training.model import Policy
 
 __all__ = ["Batcher", "Job", "Loaded", "TorchEngine", "generate"]
 

@@ -15,12 +15,12 @@ import orjson
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
-from agl_stream import auth, http_errors
+from agl_stream.commands.resources import ResourceCache
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
 from agl_stream.gateway.wire import BadRequest, CallKind, error_body, parse_request
-from agl_stream.metrics import WorkerMetrics
-from agl_stream.resources import ResourceCache
+from agl_stream.runtime import http_errors
+from agl_stream.runtime.http import Listening, guarded_app
 from agl_stream.serving.api import (
     Answered,
     Detokenizer,
@@ -35,6 +35,7 @@ from agl_stream.serving.api import (
 )
 from agl_stream.serving.engine import Loaded, TorchEngine
 from agl_stream.serving.engines import Engine, EngineError, Job, Serving
+from agl_stream.telemetry.metrics import WorkerMetrics
 from agl_stream.telemetry.spans import Attributes
 from agl_stream.training.device import Placement
 
@@ -62,7 +63,7 @@ class PolicyServer:
         self.resource = "policy"
         self.refused: dict[str, str] = {}  # versions whose checkpoint would not load: why
         self._tasks: list[asyncio.Task[None]] = []
-        self._runner: web.AppRunner | None = None
+        self._listening: Listening | None = None
         self.url = ""
         self._moved = asyncio.Event()  # set (and replaced) by every load and refusal
         self.counts: Counter[str] = Counter()
@@ -172,27 +173,23 @@ class PolicyServer:
 
     async def start(self, host: str, port: int, token: str | None = None) -> str:
         """Listen on host:port; with a `token`, every call but /health needs it (/metrics too)."""
-        app = web.Application(client_max_size=MAX_BODY)
-        auth.protect(app, token)
-        http_errors.install(app)
+        app = guarded_app(MAX_BODY, token)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self.metrics.respond)
         self._tasks.append(asyncio.create_task(self.engine.run()))
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        self._listening = await Listening.start(app, host, port)
+        self.url = self._listening.url
         return self.url
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._listening is not None:
+            await self._listening.stop()
         await self.engine.close()
 
     # -- handlers ---------------------------------------------------------------------------

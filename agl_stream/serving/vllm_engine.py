@@ -49,7 +49,8 @@ from agl_stream.serving.vllm_process import (
     lora_rank_for,
 )
 from agl_stream.training.checkpoints import checkpoint_root
-from agl_stream.training.model import content_hash, quiet_transformers
+from agl_stream.training.hf import quiet_transformers
+from agl_stream.training.model import content_hash
 
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 2.0  # how often an idle engine's /health is asked

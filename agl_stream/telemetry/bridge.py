@@ -30,7 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import Metric as PromMetric
 from prometheus_client.samples import Sample
 
-SCOPE = InstrumentationScope("agl_stream.metrics")
+SCOPE = InstrumentationScope("agl_stream.telemetry.metrics")
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 

@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agl_stream import __version__
-from agl_stream.config import ConfigError
-from agl_stream.metrics import PREFIX, WorkerMetrics
+from agl_stream.runtime.config import ConfigError
+from agl_stream.runtime.version import __version__
 from agl_stream.telemetry.bridge import metrics_data
+from agl_stream.telemetry.metrics import PREFIX, WorkerMetrics
 from agl_stream.telemetry.queue import ExportQueue
 from agl_stream.telemetry.settings import OtlpSettings, otlp_settings
 from agl_stream.telemetry.spans import NO_TRACER, WorkerTracer

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agl_stream.config import ConfigError
+from agl_stream.runtime.config import ConfigError
 
 PROTOCOL = "http/protobuf"
 SIGNALS = ("traces", "metrics")

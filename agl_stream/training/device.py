@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agl_stream.config import ConfigError, TorchSettings, load
+from agl_stream.runtime.config import ConfigError, TorchSettings, load
 
 if TYPE_CHECKING:
     import torch

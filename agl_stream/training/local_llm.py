@@ -18,7 +18,8 @@ from agl_stream.agent.llm import LLMCall, record_llm_call
 from agl_stream.events import Checkpoint
 from agl_stream.training.checkpoints import local_directory
 from agl_stream.training.device import Placement, apply_threads, placement
-from agl_stream.training.model import Policy, content_hash, load_policy
+from agl_stream.training.hf import Policy
+from agl_stream.training.model import content_hash, load_policy
 from agl_stream.training.sampling import sample
 
 _CACHE_SIZE = 2

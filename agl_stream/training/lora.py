@@ -9,17 +9,14 @@ named by the Checkpoint's base_uri and pinned by its base_content_hash.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_stream.config import ConfigError
-from agl_stream.training.model import Policy
+from agl_stream.runtime.config import ConfigError
+from agl_stream.training.hf import Policy, peft_calls
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -63,17 +60,6 @@ class LoraSettings:
             target_modules=targets,
             task_type="CAUSAL_LM",
         )
-
-
-@contextlib.contextmanager
-def peft_calls() -> Iterator[None]:
-    """peft 0.21 calls transformers 5.x APIs that warn of their renaming in v6
-    (`is_gradient_checkpointing`, ...): not ours to fix, and not to fail on."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".* is deprecated and will be removed in v6", category=FutureWarning
-        )
-        yield
 
 
 def _config_from_file(path: Path) -> Any:

@@ -4,10 +4,10 @@ demo), any local checkpoint for real runs; saved as safetensors with a content h
 from __future__ import annotations
 
 import hashlib
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from agl_stream.training.hf import Policy, peft_calls, quiet_transformers
 
 if TYPE_CHECKING:
     import torch
@@ -26,29 +26,6 @@ CHAT_TEMPLATE = (
 )
 # The tiny model's words: what the demo's task speaks. Specials first, as tokenizers expect.
 TINY_WORDS = ("<pad>", "<bos>", "<eos>", "<unk>", "a", "b", "c", "d", "e")
-
-
-def quiet_transformers() -> None:
-    """No hub access (nothing outside the machine is reachable) and no progress bars of
-    transformers' own in the middle of ours."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    logging.set_verbosity_error()
-
-
-@dataclass
-class Policy:
-    """A causal LM and its tokenizer."""
-
-    model: Any  # transformers.PreTrainedModel
-    tokenizer: Any  # transformers.PreTrainedTokenizerBase
-
-    @property
-    def name(self) -> str:
-        return str(getattr(self.model.config, "_name_or_path", "") or "policy")
 
 
 def tiny_policy(seed: int = 0, heads: int = 4) -> Policy:
@@ -170,8 +147,6 @@ def save_policy(policy: Policy, directory: Path) -> None:
     """A whole model (weights and tokenizer), or only a LoRA adapter (adapter_config.json and
     adapter_model.safetensors, PEFT's layout) when the model is a peft one."""
     if is_adapter(policy.model):
-        from agl_stream.training.lora import peft_calls
-
         with peft_calls():
             policy.model.save_pretrained(directory, safe_serialization=True)
         return

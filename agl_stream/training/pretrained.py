@@ -185,7 +185,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _write_plain(gguf: Path, name: str, directory: Path) -> None:
     """Load the GGUF file dequantized, rebuild the model from a plain config (save_pretrained
     refuses a model loaded from GGUF) and save it with its tokenizer."""
-    from agl_stream.training.model import quiet_transformers
+    from agl_stream.training.hf import quiet_transformers
 
     quiet_transformers()
     # transformers' GGUF reader draws its own tqdm bar, which quiet_transformers cannot turn off.

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 from aiokafka import TopicPartition
 
-from agl_stream.config import KafkaSettings
-from agl_stream.kafka import consumer, end_offsets
-from agl_stream.streams import Topics
+from agl_stream.bus.kafka import consumer, end_offsets
+from agl_stream.bus.streams import Topics
+from agl_stream.runtime.config import KafkaSettings
 from agl_stream.training.trajectories import TRAINED_TOPICS
 from agl_stream.training.trajectories import TopicPartition as TP
 

@@ -1,4 +1,4 @@
-"""`agl-stream worker --role trainer`: finished train-mode attempts in, checkpoints and
+"""`agl-stream worker trainer`: finished train-mode attempts in, checkpoints and
 resources versions out.
 
 The trainer reads the co-partitioned tasks, rollouts and spans topics from the offsets saved
@@ -27,7 +27,16 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.trace import Span
 
-from agl_stream.config import ConfigError, KafkaSettings
+from agl_stream.bus.kafka import consumer, producer
+from agl_stream.bus.roles import role
+from agl_stream.bus.streams import EventPublisher, EventStream, Topics
+from agl_stream.bus.topic_admin import ensure_topics_ready
+from agl_stream.commands.resources import (
+    Change,
+    ResourceCache,
+    ResourcesPublisher,
+    follow_resources,
+)
 from agl_stream.events import (
     Checkpoint,
     ResourcesPublished,
@@ -35,25 +44,21 @@ from agl_stream.events import (
     WorkerRole,
     WorkerStatus,
 )
-from agl_stream.kafka import consumer, producer
-from agl_stream.metrics import WorkerMetrics
-from agl_stream.resources import Change, ResourceCache, ResourcesPublisher, follow_resources
-from agl_stream.streams import EventPublisher, EventStream, Topics
-from agl_stream.supervision import Supervisor, restarting
-from agl_stream.topic_admin import ensure_topics_ready
+from agl_stream.runtime.config import ConfigError, KafkaSettings
+from agl_stream.runtime.supervision import Supervisor, restarting
+from agl_stream.telemetry.metrics import WorkerMetrics
 from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
 from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore, checkpoint_root
 from agl_stream.training.device import CPU, Placement
 from agl_stream.training.grpo import GRPO, GRPOConfig, UpdateStats
+from agl_stream.training.hf import Policy, quiet_transformers
 from agl_stream.training.lora import LoraSettings, load_adapter, with_adapter
 from agl_stream.training.model import (
     TINY,
     TINY_CHAT,
-    Policy,
     content_hash,
     initial_policy,
     load_policy,
-    quiet_transformers,
     save_policy,
     set_threads,
 )
@@ -123,8 +128,9 @@ class StepReport:
 
 
 def trainer_group(topic_prefix: str) -> str:
-    """The group the trainer commits its cut to (for `status`; its checkpoints are the truth)."""
-    return f"{topic_prefix.rstrip('.')}-trainer"
+    """The group the trainer commits its cut to (for `status`; its checkpoints are the truth):
+    workers/trainer.toml's."""
+    return role("trainer").group_id(topic_prefix)
 
 
 class Trainer:

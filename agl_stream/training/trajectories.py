@@ -39,7 +39,7 @@ from agl_stream.events import (
     RolloutQueued,
     SpanRecorded,
 )
-from agl_stream.rewards import late_reward_refusal, record_time, span_reward
+from agl_stream.events.reward_rules import late_reward_refusal, record_time, span_reward
 
 # The co-partitioned topics a trajectory is assembled from.
 TRAINED_TOPICS = ("tasks", "rollouts", "spans")

@@ -5,7 +5,7 @@ The reward of each call is set by a rule:
 
 - `final` (default): every call gets the attempt's final reward (the reward on its
   AttemptFinished, else its last reward span: `agl.reward`, or a form Agent Lightning
-  writes, see `agl_stream.rewards`).
+  writes, see `agl_stream.events.reward_rules`).
 - `per_call`: each reward span belongs to the LLM call that ended last before it; a
   call's reward is the sum of its rewards, 0.0 when it has none. An agent that only emits a
   final reward so rewards its last call alone. A late reward (a trainer's late-reward rule)
@@ -34,7 +34,7 @@ from agl_stream.agent.llm import (
     RESPONSE_TOKEN_IDS,
 )
 from agl_stream.events import SpanRecorded, StatusCode
-from agl_stream.rewards import span_reward
+from agl_stream.events.reward_rules import span_reward
 from agl_stream.training.trajectories import Trajectory
 
 

@@ -1,7 +1,7 @@
 """The same agent as a process agent (Agent Lightning 1.0's protocol), with no Agent Lightning
 or agl-stream code: agl-stream's runner starts it once per attempt,
 
-    agl-stream worker --role runner --agent-command "python examples/agl_agent/process_agent.py"
+    agl-stream worker runner --agent-command "python examples/agl_agent/process_agent.py"
 
 with the task in AGL_TASK_INPUT, the attempt's resources in AGL_RESOURCES, its LLM URL in
 AGL_OPENAI_BASE_URL and where to report in AGL_EVENT_URL (AGL_KEY opens both)."""

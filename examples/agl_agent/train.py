@@ -12,7 +12,7 @@ AGL_STREAM_DATABASE_URL; `agl-stream up` starts them), so it is still there afte
 ends: `agl-stream store` serves it to Agent Lightning's LightningStoreClient.
 """
 
-# ruff: noqa: I001  (agl_stream.agl first: it imports Agent Lightning without its network calls)
+# ruff: noqa: I001  (agl_stream.compat.agl first: it imports Agent Lightning without its network calls)
 from __future__ import annotations
 
 import argparse
@@ -21,7 +21,7 @@ import os
 import random
 from typing import TYPE_CHECKING, Any
 
-from agl_stream.agl import AglStreamStore
+from agl_stream.compat.agl import AglStreamStore
 import agentlightning as agl
 from agentlightning.adapter import TraceToMessages
 from openai import AsyncOpenAI
@@ -84,7 +84,7 @@ def main() -> None:
     algorithm: agl.Algorithm
     if optimizer is not None:
         # APO critiques the rollouts' chat messages, which this adapter reads from their spans:
-        # the runner processes send them to the store by OTLP (importing agl_stream.agl lets
+        # the runner processes send them to the store by OTLP (importing agl_stream.compat.agl lets
         # Agent Lightning's exporter do so with OpenTelemetry's HTTP exporter 1.45).
         algorithm, adapter = optimizer, TraceToMessages()
     else:

@@ -3,7 +3,7 @@ reward, nothing of agl-stream's but the decorator-free signature a runner calls
 (`agent(task, llm, rollout)`). `agl_stream.demo.word_problems:solve` is the same agent,
 packaged so that `agl-stream demo --model ...` finds it installed.
 
-    agl-stream worker --role runner --agent examples.word_problems.agent:solve
+    agl-stream worker runner --agent examples.word_problems.agent:solve
 """
 
 from __future__ import annotations

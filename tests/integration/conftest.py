@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from agl_stream.config import DatabaseSettings, KafkaSettings, load
+from agl_stream.bus.kafka import admin_client
+from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
-from agl_stream.kafka import admin_client
-from agl_stream.topic_admin import apply_topics
-from tests.integration import backends
-from tests.integration.backends import Backend
-from tests.integration.helpers import traversable
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
+from tests.support import backends
+from tests.support.backends import Backend
+from tests.support.helpers import traversable
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`agl-stream worker --role trainer --algorithm apo`: prompt optimisation by measured reward.
+"""`agl-stream worker trainer --algorithm apo`: prompt optimisation by measured reward.
 
 Round 0 measures the seed template on the validation tasks. Each later round, for every
 template in the beam: run it on a sample of the training tasks, show the attempts that went
@@ -35,23 +35,23 @@ from aiokafka import TopicPartition
 from opentelemetry.trace import Span
 
 from agl_stream.agent.llm import LLM_CALL_SPAN
-from agl_stream.config import DatabaseSettings, KafkaSettings
-from agl_stream.enqueue import RolloutOptions, make_rollout
+from agl_stream.bus.kafka import end_offsets, producer
+from agl_stream.bus.streams import EventPublisher, Topics
+from agl_stream.bus.topic_admin import ensure_topics_ready
+from agl_stream.commands.enqueue import RolloutOptions, make_rollout
+from agl_stream.commands.resources import Change, ResourcesPublisher, read_resources
 from agl_stream.events import (
     PromptTemplate,
     ResourcesPublished,
     RolloutMode,
     TemplateEngine,
 )
-from agl_stream.kafka import end_offsets, producer
-from agl_stream.metrics import WorkerMetrics
+from agl_stream.events.templates import TemplateError
 from agl_stream.queries import ReadModel
 from agl_stream.queries.models import Rollout
-from agl_stream.resources import Change, ResourcesPublisher, read_resources
-from agl_stream.streams import EventPublisher, Topics
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.telemetry.metrics import WorkerMetrics
 from agl_stream.telemetry.spans import Attributes
-from agl_stream.templates import TemplateError
-from agl_stream.topic_admin import ensure_topics_ready
 from agl_stream.training.apo.prompts import (
     Example,
     check_candidate,

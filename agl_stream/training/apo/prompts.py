@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agl_stream.templates import TemplateError, placeholders
+from agl_stream.events.templates import TemplateError, placeholders
 
 MAX_MESSAGE_CHARS = 1500  # of each message shown to the critic
 MAX_TEMPLATE_CHARS = 20_000

@@ -1,4 +1,4 @@
-"""The Agent Lightning store facade's records (agl_stream.agl).
+"""The Agent Lightning store facade's records (agl_stream.compat.agl).
 
 Revision ID: rm0003
 Revises: rm0002

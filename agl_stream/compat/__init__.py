@@ -1,0 +1,1 @@
+"""Other frameworks' APIs on agl-stream: Agent Lightning's store (agl)."""

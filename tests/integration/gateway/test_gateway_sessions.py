@@ -1,0 +1,139 @@
+"""Gateway sessions through the real broker and database: an application's conversations
+(a session key per conversation) become rollouts with their calls as spans, joined with the
+feedback it posts to /rewards; the trainer's assembler makes trajectories of them that
+take their reward from the feedback, and the read model shows them."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import ModuleType
+
+import aiohttp
+import openai
+
+from agl_stream.bus.kafka import producer
+from agl_stream.bus.streams import EventPublisher, Topics, read_partitions
+from agl_stream.gateway.proxy import Gateway
+from agl_stream.gateway.sessions import SessionConfig
+from agl_stream.queries import ReadModel
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.serving.engine import Loaded
+from agl_stream.serving.server import PolicyServer
+from agl_stream.training.model import tiny_policy
+from agl_stream.training.trajectories import Assembler, LateRewardRule
+from tests.support import ROOT
+from tests.support.helpers import eventually
+from tests.support.projection import caught_up, ends, projector_in_process
+
+TOKEN = "sessions-test-token"
+APP = ROOT / "examples" / "online_gateway" / "app.py"
+
+
+def _app() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("online_app", APP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@asynccontextmanager
+async def gateway_with_sessions(kafka: KafkaSettings) -> AsyncIterator[Gateway]:
+    server = PolicyServer()
+    server.load(Loaded(tiny_policy(1), "policy-v1"))
+    upstream = await server.start("127.0.0.1", 0)
+    try:
+        async with producer(kafka) as prod:
+            gateway = Gateway(
+                f"{upstream}/v1", EventPublisher(prod, Topics(kafka)),
+                sessions=SessionConfig(idle_seconds=1.0), reward_token=TOKEN,
+            )  # fmt: skip
+            await gateway.start()
+            try:
+                yield gateway
+            finally:
+                await gateway.stop()
+    finally:
+        await server.stop()
+
+
+async def test_sessions_become_rollouts_joined_with_their_feedback(
+    kafka: KafkaSettings, database: DatabaseSettings
+) -> None:
+    async with gateway_with_sessions(kafka) as gateway:
+        url = gateway.url
+        feedback = await _app().run(url, TOKEN, users=4, conversations=12)
+        llm = openai.AsyncOpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0)
+        talk = {"X-AGL-Session": "long"}
+        await llm.models.list(extra_headers=talk)  # not a recorded call: starts nothing
+        assert gateway.sessions is not None and "long" not in gateway.sessions.open
+        first = await llm.completions.with_raw_response.create(
+            model="p", prompt="<bos> a", max_tokens=2, extra_headers=talk
+        )
+        rollout_id = first.headers["X-AGL-Rollout-Id"]
+        call = first.headers["X-AGL-Call-Id"]
+        assert rollout_id == "session-long" and len(call) == 16
+        stream = await llm.completions.create(
+            model="p", prompt="<bos> b", max_tokens=2, stream=True, extra_headers=talk
+        )
+        assert [c async for c in stream]
+        # Ended by idleness (1 s); a call with its key then is refused, saying why.
+        sessions = gateway.sessions
+        assert sessions is not None
+
+        async def ended() -> bool:
+            return "long" in sessions.ended and "long" not in sessions.open
+
+        await eventually(ended, 30, "the idle session to end")
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "p", "prompt": "<bos> c", "max_tokens": 1}
+            async with http.post(f"{url}/v1/completions", json=body, headers=talk) as again:
+                assert again.status == 409
+                assert "has ended" in (await again.json())["error"]["message"]
+            async with http.post(
+                f"{url}/v1/completions", json=body, headers={"X-AGL-Session": "k" * 201}
+            ) as refused:
+                assert refused.status == 400
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            reward = {"session": "long", "value": 0.5, "name": "feedback", "span_id": call}
+            async with http.post(f"{url}/rewards", json=reward, headers=auth) as answer:
+                assert answer.status == 200
+        await llm.close()
+
+    assert len(feedback) == 12
+    topics = Topics(kafka)
+    partitions = [
+        (t, p) for t in ("tasks", "rollouts", "spans") for p in range(topics.specs[t].partitions)
+    ]
+    assembler = Assembler(late_reward=LateRewardRule("feedback", wait_seconds=600))
+    from aiokafka import TopicPartition
+
+    for topic, partition in partitions:
+        tp = TopicPartition(topics.name(topic), partition)
+        for offset, event in enumerate(await read_partitions(kafka, [tp])):
+            assembler.add((topic, partition), offset, event)
+    trajectories = {t.rollout_id: t for t in assembler.complete()}
+    assert len(trajectories) == 13
+    assert sorted(t.reward for k, t in trajectories.items() if k != rollout_id) == sorted(feedback)
+    long = trajectories[rollout_id]
+    assert len(long.spans) == 2 and long.reward == 0.5 and long.late_reward is not None
+    assert long.late_reward.span_id == call and long.resources_id == "policy-v1"
+    assert all(t.reward_from == "late" for t in trajectories.values())
+    # Sessions that asked the same thing make one GRPO group.
+    assert len({t.group for t in trajectories.values()}) <= 5 + 1
+
+    async with projector_in_process(kafka, database):
+        wanted = await ends(kafka)
+        await eventually(lambda: caught_up(database, wanted), 60, "the projector")
+    async with ReadModel.open(database) as rm:
+        rollout = await rm.rollout(rollout_id)
+        assert (rollout.status, rollout.mode, rollout.metadata) == (
+            "succeeded", "train", {"source": "gateway", "session": "long"},
+        )  # fmt: skip
+        assert rollout.input == {"prompt": "<bos> a"}
+        (attempt,) = await rm.attempts(rollout_id)
+        assert attempt.complete and attempt.span_count == 2
+        (given,) = await rm.rewards(rollout_id)
+        assert (given.name, given.value, given.span_id) == ("feedback", 0.5, call)

@@ -1,0 +1,216 @@
+"""Triplets, transcripts, advantages, the staleness rule, batches and lineage checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agl_stream.events import AttemptStatus, SpanStatus, StatusCode
+from agl_stream.training.advantages import group_advantages
+from agl_stream.training.batching import Groups, Staleness, StalePolicy, build_step
+from agl_stream.training.checkpoints import lineage_problems
+from agl_stream.training.trajectories import Trajectory
+from agl_stream.training.triplets import (
+    RewardRule,
+    build_transcript,
+    build_triplets,
+    finetune_jsonl,
+)
+from tests.support.training_traffic import llm_span, reward_span, span
+
+
+def trajectory(
+    spans: list,
+    reward: float | None = 1.0,
+    group: str = "g",
+    rid: str = "r",
+    resources_id: str = "v1",
+) -> Trajectory:  # type: ignore[type-arg]
+    return Trajectory(
+        rollout_id=rid, attempt_id="a", attempt_number=1, input_json="{}",
+        metadata={"group": group}, resources_id=resources_id, status=AttemptStatus.SUCCEEDED,
+        reward=reward, spans=tuple(spans),
+    )  # fmt: skip
+
+
+def multi_turn(reward: float = 1.0) -> Trajectory:
+    """A three-turn agent: call, intermediate reward, call, tool span, call, final reward."""
+    m1 = [{"role": "user", "content": "hi"}]
+    m2 = [*m1, {"role": "assistant", "content": "A"}, {"role": "user", "content": "more"}]
+    m3 = [*m2, {"role": "assistant", "content": "B"}, {"role": "user", "content": "last"}]
+    return trajectory([
+        llm_span("r", "a", 0, 10, [1, 2], [3], messages=m1, completion="A", logprobs=[-1.0]),
+        reward_span("r", "a", 1, 20, 0.5),
+        llm_span("r", "a", 2, 30, [1, 2, 3, 4], [5, 6], messages=m2, completion="B"),
+        span("r", "a", 3, "tool.search", 40),
+        llm_span("r", "a", 4, 50, [1, 2, 3, 4, 5, 6, 7], [8], messages=m3, completion="C"),
+        reward_span("r", "a", 5, 60, reward),
+    ], reward=reward)  # fmt: skip
+
+
+def test_final_rule_gives_every_call_the_final_reward() -> None:
+    adapted = build_triplets(multi_turn(0.75))
+    assert [t.reward for t in adapted.triplets] == [0.75, 0.75, 0.75]
+    assert [t.prompt_ids for t in adapted.triplets] == [(1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6, 7)]
+    assert [t.response_ids for t in adapted.triplets] == [(3,), (5, 6), (8,)]
+    assert adapted.triplets[0].logprobs == (-1.0,)
+    assert adapted.triplets[1].logprobs is None
+    assert adapted.problems == []
+
+
+def test_per_call_rule_gives_each_reward_to_the_call_before_it() -> None:
+    adapted = build_triplets(multi_turn(0.75), RewardRule.PER_CALL)
+    assert [t.reward for t in adapted.triplets] == [0.5, 0.0, 0.75]
+
+
+def test_discounted_rule() -> None:
+    adapted = build_triplets(multi_turn(1.0), RewardRule.DISCOUNTED, gamma=0.5)
+    assert [t.reward for t in adapted.triplets] == [0.25, 0.5, 1.0]
+
+
+def test_calls_without_token_ids_are_reported_not_dropped_silently() -> None:
+    t = trajectory([
+        llm_span("r", "a", 0, 10, [1], [2]),
+        llm_span("r", "a", 1, 20, None, [3]),
+        llm_span("r", "a", 2, 30, [1], None),
+    ])  # fmt: skip
+    adapted = build_triplets(t)
+    assert len(adapted.triplets) == 1
+    reasons = [str(p) for p in adapted.problems]
+    assert reasons == [
+        f"rollout r attempt a span {2:016x}: LLM call 1 has no prompt token ids",
+        f"rollout r attempt a span {3:016x}: LLM call 2 has no response token ids",
+    ]
+
+
+def test_attempt_without_llm_calls_or_reward_is_a_problem() -> None:
+    assert [p.reason for p in build_triplets(trajectory([])).problems] == ["no LLM call spans"]
+    no_reward = trajectory([llm_span("r", "a", 0, 1, [1], [2])], reward=None)
+    assert "no reward" in build_triplets(no_reward).problems[0].reason
+
+
+def test_transcript_is_the_conversation_with_answers_and_exports_as_jsonl() -> None:
+    transcript = build_transcript(multi_turn(0.9))
+    assert [m["content"] for m in transcript.messages] == ["hi", "A", "more", "B", "last", "C"]
+    assert transcript.reward == 0.9
+    lines = finetune_jsonl([transcript, build_transcript(multi_turn(0.1))], min_reward=0.5)
+    [line] = lines.splitlines()
+    assert json.loads(line)["messages"][-1] == {"role": "assistant", "content": "C"}
+
+
+def test_group_advantages() -> None:
+    adv = group_advantages([1.0, 0.0, 0.5, 0.5, 3.0], ["a", "a", "b", "b", "c"])
+    assert adv[0] == pytest.approx(1.0, abs=1e-4) and adv[1] == pytest.approx(-1.0, abs=1e-4)
+    assert adv[2:] == [0.0, 0.0, 0.0]  # equal rewards, and a group of one, say nothing
+    assert group_advantages([1.0, 0.0], ["a", "a"], scale=False) == [0.5, -0.5]
+    with pytest.raises(ValueError, match="not a finite number"):
+        group_advantages([math.nan], ["a"])
+
+
+@given(st.lists(st.floats(-100, 100), min_size=1, max_size=20), st.integers(1, 4))
+def test_advantages_of_each_group_sum_to_zero(rewards: list[float], groups: int) -> None:
+    labels = [i % groups for i in range(len(rewards))]
+    adv = group_advantages(rewards, labels)
+    for g in range(groups):
+        assert sum(a for a, label in zip(adv, labels, strict=True) if label == g) == pytest.approx(
+            0, abs=1e-6
+        )
+
+
+def test_staleness_rule() -> None:
+    assert Staleness().weight(None, 10) == 1.0  # no bound: every sample counts
+    bound = Staleness(max_versions=1)
+    assert bound.weight(9, 10) == 1.0
+    assert bound.weight(8, 10) is None
+    assert bound.weight(None, 10) is None  # unknown policy: too stale to trust
+    soft = Staleness(max_versions=1, policy=StalePolicy.DOWNWEIGHT, decay=0.5)
+    assert soft.weight(7, 10) == 0.25
+    with pytest.raises(ValueError, match="0 or more"):
+        Staleness(max_versions=-1)
+
+
+def test_groups_fill_then_step_takes_the_oldest_full_ones() -> None:
+    groups = Groups(group_size=2, groups_per_step=2)
+    groups.add([trajectory([], group="x", rid="1"), trajectory([], group="y", rid="2")])
+    assert not groups.ready()
+    groups.add(
+        [
+            trajectory([], group="y", rid="3"),
+            trajectory([], group="x", rid="4"),
+            trajectory([], group="x", rid="5"),
+        ]
+    )
+    assert groups.ready()
+    taken = groups.take()
+    assert [[t.rollout_id for t in g] for g in taken] == [["1", "4"], ["2", "3"]]
+    assert groups.waiting() == 1  # x's third waits for the next x
+
+
+def test_build_step_drops_stale_and_computes_advantages_per_group() -> None:
+    def t(rid: str, reward: float, version: str) -> Trajectory:
+        return trajectory(
+            [llm_span(rid, "a", 0, 1, [1], [2])], reward=reward, rid=rid, resources_id=version
+        )
+
+    groups = [[t("1", 1.0, "v5"), t("2", 0.0, "v5"), t("3", 1.0, "v2")]]
+    step = build_step(groups, {"v5": 5, "v2": 2}, 5, Staleness(max_versions=1))
+    assert step.counts["dropped_stale"] == 1
+    assert [s.key[0] for s in step.samples] == ["1", "2"]
+    assert step.samples[0].advantage > 0 > step.samples[1].advantage
+    assert sorted(k[0] for k in step.used) == ["1", "2", "3"]  # the stale one is consumed too
+    assert step.mean_reward == 0.5
+
+
+def test_lineage_problems() -> None:
+    def state(step: int, cut: dict, consumed: dict, used: list) -> dict:  # type: ignore[type-arg]
+        return {"step": step, "cut": cut, "consumed": consumed, "used": used}
+
+    good = [
+        state(0, {"spans:0": 0}, {}, []),
+        state(1, {"spans:0": 5}, {"spans:0": [0, 5]}, [["r", "a"]]),
+        state(2, {"spans:0": 9}, {"spans:0": [5, 9]}, [["r", "b"]]),
+    ]
+    assert lineage_problems(good) == []
+    overlap = [*good[:2], state(2, {"spans:0": 9}, {"spans:0": [4, 9]}, [["r", "a"]])]
+    problems = lineage_problems(overlap)
+    assert "step 2: spans:0 starts at 4, step 1 ended at 5" in problems
+    assert "step 2: attempt a was already used by step 1" in problems
+
+
+def test_stale_trajectories_leave_their_groups_so_fresh_groups_fill_the_step() -> None:
+    groups = Groups(group_size=2, groups_per_step=1)
+    old = trajectory([], group="old", rid="1", resources_id="v1")
+    groups.add([old, trajectory([], group="new", rid="2", resources_id="v3")])
+    groups.add([trajectory([], group="old", rid="3", resources_id="v1")])
+    evicted = groups.evict(lambda t: t.resources_id == "v1")
+    assert [t.rollout_id for t in evicted] == ["1", "3"]
+    assert not groups.ready() and groups.waiting() == 1
+
+
+def test_past_the_bound_the_oldest_groups_that_are_not_full_leave() -> None:
+    groups = Groups(group_size=2, groups_per_step=1, max_waiting=3)
+    groups.add([trajectory([], group=g, rid=r) for g, r in [("a", "1"), ("b", "2"), ("b", "3")]])
+    assert groups.overflow() == []  # three waiting: at the bound
+    groups.add([trajectory([], group="c", rid="4"), trajectory([], group="d", rid="5")])
+    # Five waiting: the oldest group that is not full (a) and the next one (c) leave; b is
+    # full and older than both but waits for its step.
+    assert [t.rollout_id for t in groups.overflow()] == ["1", "4"]
+    assert groups.waiting() == 3 and groups.ready()
+    assert [[t.rollout_id for t in g] for g in groups.take()] == [["2", "3"]]
+    with pytest.raises(ValueError, match="cannot hold one step"):
+        Groups(group_size=4, groups_per_step=2, max_waiting=7)
+
+
+def test_failed_calls_are_not_trained_on() -> None:
+    """A call the gateway recorded as failed (the upstream died mid-answer) gave the agent
+    nothing; the retry that answered is the triplet."""
+    failed = llm_span("r", "a", 0, 10, None, None).model_copy(
+        update={"status": SpanStatus(code=StatusCode.ERROR, description="upstream failed")}
+    )
+    adapted = build_triplets(trajectory([failed, llm_span("r", "a", 1, 20, [1], [2])]))
+    assert [t.response_ids for t in adapted.triplets] == [(2,)]
+    assert adapted.problems == []
