@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -571,15 +572,30 @@ def _hash(directory: Path) -> str:
 
 
 def _tokenizer(adapter_dir: Path | None, base_dir: Path) -> Any:
+    for directory in (adapter_dir, base_dir):
+        if directory is not None and (directory / "tokenizer_config.json").is_file():
+            return _load_tokenizer(directory, _tokenizer_files(directory))
+    raise CheckpointRefused(f"{base_dir} has no tokenizer (tokenizer_config.json)")
+
+
+def _tokenizer_files(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """The tokenizer's files as they are now (name, size, mtime): a version whose tokenizer
+    did not change reuses the one loaded (a 49K-word tokenizer takes ~0.2 s to load)."""
+    return tuple(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(directory.iterdir())
+        if p.is_file() and (p.name.startswith(("tokenizer", "special_tokens")) or p.suffix in
+                            {".model", ".tiktoken"} or p.name in {"vocab.json", "merges.txt"})
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(directory: Path, files: tuple[tuple[str, int, int], ...]) -> Any:
+    del files  # the cache's key: the same directory with other files loads again
     quiet_transformers()
     from transformers import AutoTokenizer
 
-    for directory in (adapter_dir, base_dir):
-        if directory is not None and (directory / "tokenizer_config.json").is_file():
-            try:
-                return AutoTokenizer.from_pretrained(directory)
-            except (OSError, ValueError) as exc:
-                raise CheckpointRefused(
-                    f"the tokenizer in {directory} does not load: {exc}"
-                ) from None
-    raise CheckpointRefused(f"{base_dir} has no tokenizer (tokenizer_config.json)")
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        raise CheckpointRefused(f"the tokenizer in {directory} does not load: {exc}") from None
