@@ -86,8 +86,8 @@ BENCHES = [
 SECTIONS: list[tuple[str, list[str]]] = [
     ("The runners", ["runners", "takeover", "pipeline"]),
     ("The read model", ["projector", "projector_1m", "dashboard"]),
-    ("Training", ["demo", "step_latency", "trl_comparison", "trainer", "trainer_variants",
-                  "gpu_training", "online_training"]),
+    ("Training", ["real_model", "real_model_reload", "demo", "step_latency", "trl_comparison",
+                  "trainer", "trainer_variants", "gpu_training", "online_training"]),
     ("Serving", ["gateway", "gateway_by_hand", "vllm_serving", "vllm_scheduler", "demo_engines"]),
     ("Operations", ["embedded_stack", "metrics_cost", "export_memory"]),
     ("Agent Lightning's store", ["agl_store", "agl_store_tests"]),
@@ -331,6 +331,50 @@ def gpu_body(f: Figures) -> str:
     return f"{about}.\n\n" + grid(columns, rows, ["left"] + ["right"] * (len(columns) - 1))
 
 
+def real_model_body(f: Figures) -> str:
+    agl, trl = f["agl_stream"], f.get("trl")
+    about = ", ".join(f"{k} {v}" for k, v in f["settings"].items() if v is not None)
+    theirs = {p["step"]: p for p in trl["curve"]} if trl else {}
+    columns = ["step", "agl-stream held-out accuracy", "training s"]
+    if trl:
+        columns += ["TRL held-out accuracy", "TRL training s"]
+    rows = []
+    for point in agl["curve"]:
+        row = [point["step"], f"{point['accuracy']:.3f}", point["training_s"]]
+        if trl:
+            other = theirs.get(point["step"], {})
+            row += [f"{other['accuracy']:.3f}" if other else "", other.get("training_s", "")]
+        rows.append(row)
+    curve = grid(columns, rows, ["right"] * len(columns))
+    low, high = f["final_interval_95"]
+    base_low, base_high = f["base_interval_95"]
+    figures: list[tuple[str, Any]] = [
+        ("base accuracy (95% interval)", f"{f['base_accuracy']:.3f} [{base_low}, {base_high}]"),
+        ("final accuracy (95% interval)", f"{f['final_accuracy']:.3f} [{low}, {high}]"),
+        ("gain (points)", f["gain_points"]),
+        ("agl-stream wall s (with vLLM's start and evaluations)", agl["wall_s"]),
+        ("reload after a step, s (median / max)",
+         f"{agl['reload_s']['median']} / {agl['reload_s']['max']}"),
+    ]  # fmt: skip
+    if trl:
+        figures += [
+            ("TRL wall s", trl["wall_s"]),
+            ("TRL generation", trl["generation"]),
+            (
+                "time_ratio_vs_trl (agl-stream's training s to TRL's final accuracy / TRL's)",
+                f["time_ratio_vs_trl"],
+            ),
+        ]
+    phases = ", ".join(f"{k} {v}" for k, v in agl.get("phases_median_s", {}).items())
+    return (
+        f"{about}; {f['samples']} samples.\n\n"
+        + curve
+        + "\n\n"
+        + grid(["figure", "value"], figures)
+        + (f"\n\nagl-stream's step, phase by phase (median s): {phases}." if phases else "")
+    )
+
+
 def soak_body(f: Figures) -> str:
     wanted = ["rollouts", "minutes", "runners", "restarts", "stopped_while_starting", "lost",
               "run_twice", "longest_stall_s", "tasks_log_start", "retention_minutes",
@@ -366,6 +410,7 @@ BODIES: dict[str, Callable[[Any], str]] = {
     "dashboard": dashboard_body,
     "gpu_training": gpu_body,
     "soak": soak_body,
+    "real_model": real_model_body,
     "flat": flat_body,
     "records": records_body,
 }
