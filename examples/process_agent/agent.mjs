@@ -1,5 +1,5 @@
 // A process agent in JavaScript, with no agl-stream code: agl-stream starts it once per
-// attempt (`agl-stream worker --role runner --agent-command "node agent.mjs"`) with the
+// attempt (`agl-stream worker runner --agent-command "node agent.mjs"`) with the
 // attempt's environment, and it answers a question with the LLM and reports its reward.
 //
 //   AGL_TASK_INPUT       the task, as JSON: {"question": "...", "answer": "..."}
