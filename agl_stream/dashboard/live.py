@@ -26,6 +26,7 @@ class Changes:
         self.database = database
         self._pages: set[asyncio.Event] = set()
         self._listener: asyncio.Task[None] | None = None
+        self._closing = False
         self.notifications = 0
 
     async def start(self) -> None:
@@ -33,7 +34,15 @@ class Changes:
             restarting(self._listen, "the dashboard's LISTEN connection"), name="listen"
         )
 
+    def close_pages(self) -> None:
+        """End every page's stream now (before the server waits for its requests to end: a
+        stream would otherwise run until its next keep-alive found the page gone)."""
+        self._closing = True
+        for page in self._pages:
+            page.set()
+
     async def stop(self) -> None:
+        self.close_pages()
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
@@ -68,12 +77,14 @@ class Changes:
         self._pages.add(changed)
         try:
             await response.write(b"retry: 2000\n\n")
-            while True:
+            while not self._closing:
                 try:
                     await asyncio.wait_for(changed.wait(), KEEPALIVE_SECONDS)
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
+                if self._closing:
+                    break
                 changed.clear()
                 data = json.dumps({"notifications": self.notifications})
                 await response.write(f"event: changed\ndata: {data}\n\n".encode())

@@ -78,6 +78,7 @@ class Dashboard:
         return self.url
 
     async def stop(self) -> None:
+        self._changes.close_pages()  # the live streams end, so the server need not wait
         if self._listening is not None:
             await self._listening.stop()
         await self._changes.stop()

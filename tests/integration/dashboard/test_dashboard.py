@@ -327,3 +327,20 @@ async def test_cancel_and_requeue_from_the_dashboard(
         assert requeued.status == "failed"  # it ran: the same input fails its first attempt
         page = await model.rollouts(RolloutFilter.of(metadata={"requeued_from": failing}))
         assert [r.rollout_id for r in page.items] == [copy]
+
+
+async def test_the_dashboard_stops_at_once_with_pages_watching(
+    database: DatabaseSettings, kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's live stream ends when the dashboard stops: the server does not wait for the
+    stream's next keep-alive to find the page gone (made an hour here, so that a stop that
+    waited for it would hang)."""
+    monkeypatch.setattr("agl_stream.dashboard.live.KEEPALIVE_SECONDS", 3600.0)
+    server = Dashboard(database, kafka)
+    url = await server.start()
+    async with aiohttp.ClientSession() as http:
+        watching = await http.get(f"{url}/api/live")
+        assert (await watching.content.readuntil(b"\n\n")).startswith(b"retry:")
+        await asyncio.wait_for(server.stop(), 60)
+        assert await watching.content.read() == b""  # the stream ended, not cut
+        watching.release()
