@@ -14,6 +14,7 @@ import math
 import os
 import re
 import string
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr
 
+from agl_stream.bus import kafka
 from agl_stream.bus.codec import Codec
 from agl_stream.bus.dead_letters import DeadLetterView
 from agl_stream.cli.main import cli
@@ -50,6 +52,16 @@ UNREACHABLE_ENV = {
     "AGL_STREAM_REQUEST_TIMEOUT_MS": "1000",
     "AGL_STREAM_HOME": "/nonexistent/agl-stream-fuzz",
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _brief_broker_retries() -> Iterator[None]:
+    """Commands that reach for the (absent) broker give up after 2 s, not after the 60 s a
+    command keeps retrying while a cluster's node is down: what is checked is the sentence,
+    and one such example took a minute of CI."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kafka.retrying, "__defaults__", (2.0,))
+        yield
 
 
 def _command(path: tuple[str, ...]) -> click.Command:
