@@ -26,7 +26,7 @@ class Changes:
         self.database = database
         self._pages: set[asyncio.Event] = set()
         self._listener: asyncio.Task[None] | None = None
-        self._closing = False
+        self._closing = asyncio.Event()
         self.notifications = 0
 
     async def start(self) -> None:
@@ -37,7 +37,7 @@ class Changes:
     def close_pages(self) -> None:
         """End every page's stream now (before the server waits for its requests to end: a
         stream would otherwise run until its next keep-alive found the page gone)."""
-        self._closing = True
+        self._closing.set()
         for page in self._pages:
             page.set()
 
@@ -77,13 +77,13 @@ class Changes:
         self._pages.add(changed)
         try:
             await response.write(b"retry: 2000\n\n")
-            while not self._closing:
+            while not self._closing.is_set():
                 try:
                     await asyncio.wait_for(changed.wait(), KEEPALIVE_SECONDS)
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
-                if self._closing:
+                if self._closing.is_set():
                     break
                 changed.clear()
                 data = json.dumps({"notifications": self.notifications})
