@@ -581,12 +581,12 @@ def _tokenizer(adapter_dir: Path | None, base_dir: Path) -> Any:
 def _tokenizer_files(directory: Path) -> tuple[tuple[str, int, int], ...]:
     """The tokenizer's files as they are now (name, size, mtime): a version whose tokenizer
     did not change reuses the one loaded (a 49K-word tokenizer takes ~0.2 s to load)."""
-    return tuple(
-        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(directory.iterdir())
+    files = [
+        p for p in sorted(directory.iterdir())
         if p.is_file() and (p.name.startswith(("tokenizer", "special_tokens")) or p.suffix in
                             {".model", ".tiktoken"} or p.name in {"vocab.json", "merges.txt"})
-    )  # fmt: skip
+    ]  # fmt: skip
+    return tuple((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in files)
 
 
 @functools.lru_cache(maxsize=4)

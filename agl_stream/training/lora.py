@@ -154,27 +154,15 @@ def merged_linear_weights(
     if 2 * len(pairs) != len(names):
         return None
     wanted = {f"{module}.weight": module for module in pairs}
-    where = _tensor_files(base_dir)
-    if any(name not in where for name in wanted):
-        return None
     out: dict[str, Any] = {}
-    # Each base file opened once: opening it for every layer took ten times the merge.
-    for file in sorted({where[name] for name in wanted}):
+    # Each base file opened once (opening it for every layer took ten times the merge).
+    for file in sorted(base_dir.glob("*.safetensors")):
         with safe_open(file, "pt") as base:
-            for name in (n for n in wanted if where[n] == file):
+            for name in wanted.keys() & set(base.keys()):
                 weight = base.get_tensor(name)
                 a, b = pairs[wanted[name]]
                 merged_weight = torch.addmm(weight.float(), b.float(), a.float(), alpha=scale)
                 out[name] = merged_weight.to(dtype or weight.dtype).contiguous()
+    if out.keys() != wanted.keys():
+        return None  # an adapted layer the base does not hold
     return out if out else None
-
-
-def _tensor_files(directory: Path) -> dict[str, Path]:
-    """Which .safetensors file of a checkpoint holds each tensor."""
-    from safetensors import safe_open
-
-    where: dict[str, Path] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(file, "pt") as handle:
-            where.update(dict.fromkeys(handle.keys(), file))
-    return where
