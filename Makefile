@@ -64,7 +64,7 @@ status: $(STAMP)
 demo: $(STAMP)  ## the main job: a tiny model learns an agent task with GRPO (starts the stack)
 	$(BIN)/agl-stream demo
 
-demo-real: real-model  ## a real model learns: SmolLM2-135M-Instruct on word problems, vLLM, held-out curve (~45 min)
+demo-real: real-model  ## a real model learns: SmolLM2-135M-Instruct on word problems, vLLM, held-out curve (~25 min)
 	$(BIN)/agl-stream demo --model smollm2-135m-instruct
 
 real-bench: real-model  ## held-out accuracy against steps and time, agl-stream then TRL (benchmarks/real_model.json; ~1.5 h)
