@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from agl_stream.bus.kafka import admin_client
+from agl_stream.bus.kafka import admin_client, retrying
 from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
@@ -66,10 +66,17 @@ async def kafka(backend: Backend, unique: str) -> AsyncIterator[KafkaSettings]:
     )
     await apply_topics(settings)
     yield settings
-    async with admin_client(settings) as admin:
-        names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-        with contextlib.suppress(Exception):  # cleanup is best effort
-            await asyncio.wait_for(admin.delete_topics(names), 10)
+
+    # Retried like any admin call: a test that froze the broker leaves it answering
+    # NodeNotReady for a moment after it thaws (that ended a CI run in this teardown).
+    async def cleanup() -> None:
+        async with admin_client(settings) as admin:
+            listed = await admin.list_topics()
+            names = [t for t in listed if t.startswith(settings.topic_prefix)]
+            with contextlib.suppress(Exception):  # deleting is best effort
+                await asyncio.wait_for(admin.delete_topics(names), 10)
+
+    await retrying(cleanup, "deleting the test's topics")
 
 
 @pytest.fixture
