@@ -6,14 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 from agl_stream.runtime.version import __version__ as __version__
 
-__all__ = ["GRPO", "Trainer"]
+__all__ = ["APO", "GRPO", "Trainer"]
 
 if TYPE_CHECKING:
     from agl_stream.launch.fit import GRPO, Trainer
+    from agl_stream.launch.fit_apo import APO
 
 
 def __getattr__(name: str) -> Any:
-    # Trainer and GRPO pull in the whole stack; importing agl_stream alone stays cheap.
+    # Trainer, GRPO and APO pull in the whole stack; importing agl_stream alone stays cheap.
     if name in __all__:
         from agl_stream.launch import fit
 

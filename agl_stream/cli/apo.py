@@ -42,6 +42,9 @@ def apo_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "[env: OPENAI_BASE_URL]"),
         click.option("--optimizer-model", default="gpt-4.1-mini", show_default=True,
                      help="APO: the model name sent to the optimizer endpoint."),
+        click.option("--critique-model", metavar="NAME",
+                     help="APO: the model name its critiques are asked of. "
+                          "[default: --optimizer-model]"),
         click.option("--optimizer-max-tokens", type=click.IntRange(1), default=1024,
                      show_default=True, help="APO: most tokens of each critique or rewrite."),
         click.option("--rounds", type=click.IntRange(0), default=3, show_default=True,
@@ -91,7 +94,7 @@ def apo_config(options: dict[str, Any]) -> Any:
         train_tasks=_tasks(options["train_tasks"], "--train-tasks") if options["rounds"] else [],
         val_tasks=_tasks(options["val_tasks"], "--val-tasks"),
         optimizer_endpoint=options["optimizer_endpoint"],
-        optimizer_model=options["optimizer_model"],
+        optimizer_model=options["optimizer_model"], critique_model=options["critique_model"],
         prompt_name=options["prompt_name"], seed_template=seed,
         engine=TemplateEngine(options["engine"]), run_name=options["run_name"] or "apo",
         rounds=options["rounds"], beam_width=options["beam_width"], branch=options["branch"],

@@ -28,10 +28,14 @@ that a reviewer reading a real question would work out from it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import openai
@@ -43,6 +47,7 @@ RULES = {"cite": "Cite a source.", "brief": "Be brief.", "polite": "Be polite."}
 WANTED = {"cite": 0.8, "brief": 0.5, "polite": 0.2}  # how often a task wants each rule
 SEED_TEMPLATE = "Answer the question: {question}"
 CALLS = web.AppKey("calls", list)  # what the endpoint was asked, in order
+MODELS = web.AppKey("models", list)  # (call, the model it was asked of), in order
 ANSWER_KEY = web.AppKey("answer_key", dict)  # question -> rules it wants (Agent Lightning's APO)
 
 
@@ -159,6 +164,7 @@ async def _chat(request: web.Request) -> web.Response:
     body = await request.json()
     text, call = _answer(request.app, body["messages"])
     request.app[CALLS].append(call)
+    request.app[MODELS].append((call, body.get("model")))
     return web.json_response({
         "id": f"chatcmpl-{len(request.app[CALLS])}", "object": "chat.completion",
         "created": 0, "model": body.get("model", "rules"),
@@ -172,6 +178,43 @@ def app(answer_key: dict[str, list[str]] | None = None) -> web.Application:
     """The endpoint; `answer_key` (question -> rules it wants) for Agent Lightning's APO."""
     application = web.Application()
     application[CALLS] = []
+    application[MODELS] = []
     application[ANSWER_KEY] = answer_key or {}
     application.router.add_post("/v1/chat/completions", _chat)
     return application
+
+
+@contextmanager
+def serving_in_thread(
+    answer_key: dict[str, list[str]] | None = None,
+) -> Iterator[tuple[str, web.Application]]:
+    """The endpoint on a free port, on a thread and event loop of its own (for code that runs
+    its own loop, as Trainer.fit does): its URL and app."""
+    application = app(answer_key)
+    ready: list[str] = []
+    started = threading.Event()
+    stopping: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        stopping.append((asyncio.get_running_loop(), stop))
+        runner = web.AppRunner(application)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            host, port = runner.addresses[0][:2]
+            ready.append(f"http://{host}:{port}/v1")
+            started.set()
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        assert started.wait(30), "the rules endpoint did not start"
+        yield ready[0], application
+    finally:
+        loop, stop = stopping[0]
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)

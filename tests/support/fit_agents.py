@@ -19,3 +19,9 @@ async def letter(task: dict[str, Any], llm: LLM) -> float:
 def greeter(task: dict[str, Any], prompt: PromptTemplate) -> float:
     """1.0 when the prompt, filled in with the task's name, is the greeting it expects."""
     return 1.0 if prompt.format(name=task["name"]) == task["expected"] else 0.0
+
+
+async def unrewarded_letter(task: dict[str, Any], llm: LLM) -> float:
+    """The demo's task earning nothing itself: its reward comes later, from outside."""
+    await echo_letter(task, llm)
+    return 0.0

@@ -87,6 +87,7 @@ class ApoConfig:
     optimizer_endpoint: str
     optimizer_model: str
     optimizer_api_key: str = "not-needed"
+    critique_model: str | None = None  # the model asked for critiques (default optimizer_model)
     prompt_name: str = "prompt"
     seed_template: str | None = None  # default: the latest version's prompt_name resource
     engine: TemplateEngine = TemplateEngine.F_STRING
@@ -280,12 +281,13 @@ class Apo:
         options: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
         if seed is not None:
             options["seed"] = seed
+        model = (cfg.critique_model if kind == "critique" else None) or cfg.optimizer_model
         began = time.monotonic()
-        attributes = {"agl.apo.call": kind, "gen_ai.request.model": cfg.optimizer_model}
+        attributes = {"agl.apo.call": kind, "gen_ai.request.model": model}
         try:
             with self.metrics.tracer.span("apo.optimizer_call", self._round_span, attributes):
                 reply = await self._client.chat.completions.create(
-                    model=cfg.optimizer_model, messages=messages, **options
+                    model=model, messages=messages, **options
                 )
         except openai.APIError as exc:
             raise ApoError(f"the optimizer LLM at {cfg.optimizer_endpoint} failed: {exc}") from None

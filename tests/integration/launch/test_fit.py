@@ -4,32 +4,39 @@ trainer and policy-server processes, the agent handed over as an object."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 
 from agl_stream import GRPO, Trainer
-from agl_stream.events import PromptTemplate
+from agl_stream.bus.kafka import consumer, end_offsets
+from agl_stream.bus.streams import EventStream, Topics
+from agl_stream.commands.rewards import RewardSender
+from agl_stream.events import (
+    AttemptFinished,
+    AttemptStatus,
+    PromptTemplate,
+    RolloutMode,
+    RolloutQueued,
+)
 from agl_stream.launch.fit import FitError, agent_reference
-from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.runtime.config import KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+from agl_stream.training.trajectories import LateRewardRule, MissingLateReward
 from tests.support import SUPPORT, fit_agents
 
-
-@pytest.fixture
-def configured(
-    kafka: KafkaSettings, database: DatabaseSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AGL_STREAM_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
-    monkeypatch.setenv("AGL_STREAM_TOPIC_PREFIX", kafka.topic_prefix)
-    monkeypatch.setenv("AGL_STREAM_REPLICATION_FACTOR", str(kafka.replication_factor))
-    monkeypatch.setenv("AGL_STREAM_DATABASE_URL", database.database_url.get_secret_value())
-    monkeypatch.delenv("AGL_CURRENT_ROLE", raising=False)
+SUCCEEDED = AttemptStatus.SUCCEEDED
 
 
 @pytest.mark.slow
@@ -46,6 +53,105 @@ def test_fit_trains_with_grpo_and_validates_the_last_version(tmp_path: Path) -> 
     assert 0.0 <= result.val_reward <= 1.0
     assert result.checkpoint_dir is not None
     assert lineage_problems(CheckpointStore(str(result.checkpoint_dir)).lineage()) == []
+
+
+@contextmanager
+def feedback(kafka: KafkaSettings, too_late: float) -> Iterator[list[tuple[str, str, float]]]:
+    """A user's feedback, from outside the attempts, on a thread of its own (fit runs its own
+    event loop): to each train rollout of task "a" that succeeds it gives reward "thumbs" at
+    once, 1.0 and 0.0 in turn; to those of "b", 1.0 only `too_late` seconds after they ended.
+    What it gave: (rollout id, letter, value)."""
+    given: list[tuple[str, str, float]] = []
+    failures: list[BaseException] = []
+    ready, stop = threading.Event(), threading.Event()
+
+    async def follow() -> None:
+        topics = Topics(kafka)
+        tps = [
+            TopicPartition(topics.name(topic), p)
+            for topic in ("tasks", "rollouts")
+            for p in range(topics.specs[topic].partitions)
+        ]
+        ends = await end_offsets(kafka, tps)
+        letters: dict[str, str] = {}
+        ended: dict[str, AttemptFinished] = {}  # succeeded, their task not read yet
+        answered: set[str] = set()
+        later: list[asyncio.Task[None]] = []
+        async with consumer(kafka) as reader, RewardSender(kafka) as rewards:
+
+            async def give(event: AttemptFinished, letter: str, value: float, after: float) -> None:
+                await asyncio.sleep(after)
+                await rewards.send(
+                    event.rollout_id, value, name="thumbs", attempt_id=event.attempt_id
+                )
+                given.append((event.rollout_id, letter, value))
+
+            reader.assign(tps)
+            for tp in tps:
+                reader.seek(tp, ends[tp])
+            stream = EventStream(reader, None, topics, "test-feedback")
+            ready.set()
+            while not stop.is_set():
+                for item in await stream.next_batch(timeout_ms=200):
+                    event = item.event
+                    if isinstance(event, RolloutQueued) and event.mode is RolloutMode.TRAIN:
+                        letters[event.rollout_id] = json.loads(event.input_json)["letter"]
+                    elif isinstance(event, AttemptFinished) and event.status is SUCCEEDED:
+                        ended[event.rollout_id] = event
+                for rollout_id in [r for r in ended if r in letters and r not in answered]:
+                    answered.add(rollout_id)
+                    event, letter = ended.pop(rollout_id), letters[rollout_id]
+                    if letter == "a":
+                        turn = sum(1 for _, seen, _ in given if seen == "a")
+                        await give(event, letter, float(turn % 2 == 0), 0.0)
+                    else:
+                        later.append(asyncio.create_task(give(event, letter, 1.0, too_late)))
+            for task in later:
+                task.cancel()
+            await asyncio.gather(*later, return_exceptions=True)
+
+    def run() -> None:
+        try:
+            asyncio.run(follow())
+        except BaseException as exc:  # noqa: BLE001  (reported by the test)
+            failures.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(60), "the feedback thread did not start"
+    try:
+        yield given
+    finally:
+        stop.set()
+        thread.join(30)
+        assert failures == [], failures
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("configured")
+def test_fit_trains_on_late_rewards_by_the_trainers_rule(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """fit's trainer applies `worker trainer --late-reward`'s rule: an attempt waits for its
+    reward "thumbs" up to the window, trains on it when it comes; one whose reward comes only
+    after the window (after it was trained on) falls back to its own reward, 0."""
+    rule = LateRewardRule("thumbs", wait_seconds=8, missing=MissingLateReward.FINAL)
+    algorithm = GRPO(steps=2, group_size=4, groups_per_step=2, late_reward=rule)
+    trainer = Trainer(algorithm=algorithm, n_runners=1, out_dir=tmp_path)
+    tasks = [{"letter": "a"}, {"letter": "b"}]
+    with feedback(kafka, too_late=rule.wait_seconds + 4) as given:
+        result = trainer.fit(fit_agents.unrewarded_letter, train_dataset=tasks)
+    assert [p.step for p in result.steps] == [1, 2]
+    assert [p.mean_reward for p in result.steps] == pytest.approx([0.25, 0.25])
+    assert result.checkpoint_dir is not None
+    states = [s for s in CheckpointStore(str(result.checkpoint_dir)).lineage() if s["step"] > 0]
+    for state in states:
+        counts = state["counts"]
+        assert (counts.get("late_reward_late"), counts.get("late_reward_fallback")) == (4, 4)
+        assert sorted(state["rewards"]) == [0.0] * 6 + [1.0] * 2
+    assert lineage_problems(states) == []
+    assert sum(1 for _, letter, _ in given if letter == "a") == 8
 
 
 @pytest.mark.usefixtures("configured")

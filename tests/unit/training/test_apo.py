@@ -3,6 +3,8 @@ the beam, task sampling, and its state file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -245,6 +247,20 @@ def test_cli_refuses_apo_without_what_it_needs(tmp_path: pytest.TempPathFactory)
     code, out = _apo(*base, "--prompt", "@/nonexistent/seed.txt")
     assert code == 2
     assert "cannot read /nonexistent/seed.txt" in out
+
+
+def test_cli_asks_critiques_of_the_critique_model(tmp_path: Path) -> None:
+    from agl_stream.cli.apo import apo_config
+
+    tasks = tmp_path / "val.jsonl"
+    tasks.write_text('{"question": "q"}\n')
+    command = cli.commands["worker"].commands["trainer"]  # type: ignore[attr-defined]
+    base = ("--algorithm", "apo", "--checkpoint-dir", str(tmp_path), "--rounds", "0",
+            "--val-tasks", str(tasks), "--optimizer-endpoint", "http://127.0.0.1:9/v1")  # fmt: skip
+    params = command.make_context("trainer", list(base)).params
+    assert apo_config(params).critique_model is None  # the optimizer model's then
+    params = command.make_context("trainer", [*base, "--critique-model", "critic"]).params
+    assert apo_config(params).critique_model == "critic"
 
 
 @pytest.mark.parametrize(
