@@ -5,12 +5,13 @@ and, side by side in the same run, on Agent Lightning's own InMemoryLightningSto
 keeps everything in the process. Also how long a store takes to start (fencing, the
 projector joining its group) and to hand out its first rollout.
 
-    .venv/bin/python -m benchmarks.agl_store --rollouts 100
+    .venv/bin/python -m benchmarks.agl_store --rollouts 200 --runners 4
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 import uuid
@@ -28,27 +29,32 @@ CALLS = ("enqueue_rollout", "dequeue_rollout", "get_next_span_sequence_id", "add
          "update_attempt", "query_rollouts")  # fmt: skip
 
 
-async def _life(store: Any, timings: dict[str, list[float]], span: Any) -> None:
+async def _life(store: Any, timings: dict[str, list[float]], span: Any, worker: str) -> None:
     async def timed(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
         began = time.perf_counter()
         result = await call()
         timings[name].append((time.perf_counter() - began) * 1000)
         return result
 
-    queued = await timed("enqueue_rollout", lambda: store.enqueue_rollout(input={"q": 1}))
-    claimed = await timed("dequeue_rollout", lambda: store.dequeue_rollout(worker_id="bench"))
+    await timed("enqueue_rollout", lambda: store.enqueue_rollout(input={"q": 1}))
+    claimed = await timed("dequeue_rollout", lambda: store.dequeue_rollout(worker_id=worker))
+    assert claimed is not None  # each runner enqueues before it dequeues
     rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
-    assert rid == queued.rollout_id
     await timed("get_next_span_sequence_id", lambda: store.get_next_span_sequence_id(rid, aid))
     await timed("add_otel_span", lambda: store.add_otel_span(rid, aid, span()))
     await timed("update_attempt", lambda: store.update_attempt(rid, aid, status="succeeded"))
     await timed("query_rollouts", lambda: store.query_rollouts(rollout_id_in=[rid]))
 
 
-async def _measure(store: Any, rollouts: int, span: Any) -> dict[str, list[float]]:
+async def _measure(store: Any, rollouts: int, runners: int, span: Any) -> dict[str, list[float]]:
+    """`rollouts` lives, run by `runners` concurrent runners (each its own worker id)."""
     timings: dict[str, list[float]] = {name: [] for name in CALLS}
-    for _ in range(rollouts):
-        await _life(store, timings, span)
+
+    async def runner(index: int) -> None:
+        for _ in range(rollouts // runners + (index < rollouts % runners)):
+            await _life(store, timings, span, f"bench-{index}")
+
+    await asyncio.gather(*(runner(i) for i in range(runners)))
     return timings
 
 
@@ -83,15 +89,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     await store.dequeue_rollout()
     first_claim = time.perf_counter() - first
     began = time.perf_counter()
-    ours = await _measure(store, args.rollouts, span)
+    ours = await _measure(store, args.rollouts, args.runners, span)
     ours_seconds = time.perf_counter() - began
     await store.aclose()
     memory = InMemoryLightningStore()
     began = time.perf_counter()
-    theirs = await _measure(memory, args.rollouts, span)
+    theirs = await _measure(memory, args.rollouts, args.runners, span)
     theirs_seconds = time.perf_counter() - began
     figures: dict[str, Any] = {
         "rollouts": args.rollouts,
+        "concurrent runners": args.runners,
         "store start s": round(started, 2),
         "first enqueue + dequeue s": round(first_claim, 2),
         "rollout lives/s, AglStreamStore": round(args.rollouts / ours_seconds, 1),
@@ -119,5 +126,6 @@ def report(figures: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--rollouts", type=int, default=100, help="rollout lives to time")
+    parser.add_argument("--rollouts", type=int, default=200, help="rollout lives to time")
+    parser.add_argument("--runners", type=int, default=4, help="concurrent runners")
     run_benchmark(parser, main, report)

@@ -159,10 +159,31 @@ class Topics:
         return spec is not None and event_type in spec.events
 
 
+# A record's own framing in a batch (lengths, attributes, offsets, timestamp; the batch's
+# header counts too when it holds one record), over its key, value and headers.
+RECORD_OVERHEAD = 128
+
+
 class Sender(Protocol):
     """What publishes an attempt's events: an EventPublisher, or a runner's partition lane."""
 
     async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An event encoded as the record it goes out as."""
+
+    topic: str
+    value: bytes
+    key: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def size(self) -> int:
+        """Its size as the producer counts it against max_request_size, about."""
+        extra = sum(len(name) + len(value) for name, value in self.headers)
+        return len(self.value) + len(self.key) + extra + RECORD_OVERHEAD
 
 
 class EventPublisher:
@@ -173,18 +194,28 @@ class EventPublisher:
         self._topics = topics
         self._codec = codec or Codec()
 
-    async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]:
-        """Queue one event; the future resolves when the broker has it."""
+    def prepare(self, short_topic: str, event: Event) -> Prepared:
+        """The event as the record it will be (refused here if it does not belong on the
+        topic), to send later."""
         full = self._topics.name(short_topic)
         if not self._topics.allows(full, event.type_name()):
             raise EventNotAllowed(f"{event.type_name()} events do not belong on {full}")
-        future: asyncio.Future[RecordMetadata] = await self._producer.send(
+        return Prepared(
             full,
             self._codec.encode(event),
-            key=event.key.encode(),
-            headers=[(EVENT_TYPE_HEADER, event.type_name().encode())],
+            event.key.encode(),
+            ((EVENT_TYPE_HEADER, event.type_name().encode()),),
+        )
+
+    async def send_prepared(self, record: Prepared) -> asyncio.Future[RecordMetadata]:
+        future: asyncio.Future[RecordMetadata] = await self._producer.send(
+            record.topic, record.value, key=record.key, headers=list(record.headers)
         )
         return future
+
+    async def send(self, short_topic: str, event: Event) -> asyncio.Future[RecordMetadata]:
+        """Queue one event; the future resolves when the broker has it."""
+        return await self.send_prepared(self.prepare(short_topic, event))
 
     async def publish(self, short_topic: str, event: Event) -> RecordMetadata:
         return await (await self.send(short_topic, event))

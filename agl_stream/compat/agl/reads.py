@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -83,6 +83,25 @@ def sort_expression(model: type[BaseModel], name: str, column: str) -> str:
     if kind == "text":
         return f"COALESCE({column}, '') COLLATE \"C\""
     raise ValueError(f"cannot sort by {name!r}: it is neither text nor a number")
+
+
+def sort_key(model: type[BaseModel], name: str) -> Callable[[BaseModel], Any]:
+    """The order of `sort_expression` in Python, for records the store holds in memory."""
+    sort_expression(model, name, name)  # refuses what does not sort, as the read model does
+    if name.endswith("_time") or _field_kind(model, name) == "number":
+        default = float("inf") if name.endswith("_time") else 0.0
+
+        def number(item: BaseModel) -> float:
+            value = getattr(item, name)
+            return default if value is None else float(value)
+
+        return number
+
+    def text(item: BaseModel) -> str:
+        value = getattr(item, name)
+        return "" if value is None else str(value)
+
+    return text
 
 
 def _field_kind(model: type[BaseModel], name: str) -> str:
@@ -204,6 +223,23 @@ class Reads:
         )
         return [Stored.of(r) for r in rows], int(total[0]["n"])
 
+    async def live_rollout_ids(self) -> list[str]:
+        """The rollouts that are queued or running: the store's live state."""
+        rows = await self.fetch(
+            f"SELECT record_id FROM {self.table('agl_records')} WHERE kind = 'rollout' AND "
+            f"{record_field('status')} IN ('queuing', 'requeuing', 'preparing', 'running')"
+        )
+        return [r["record_id"] for r in rows]
+
+    async def rollouts_with_attempts(self, rollout_ids: Sequence[str]) -> list[Stored]:
+        """These rollouts' records and their attempts' (in no order)."""
+        rows = await self.fetch(
+            f"SELECT {RECORD_COLUMNS} FROM {self.table('agl_records')} "
+            "WHERE kind IN ('rollout', 'attempt') AND rollout_id = ANY($1::text[])",
+            list(rollout_ids),
+        )
+        return [Stored.of(r) for r in rows]
+
     async def latest_attempts(self, rollout_ids: Sequence[str]) -> dict[str, Stored]:
         """Each rollout's attempt with the highest sequence id."""
         if not rollout_ids:
@@ -215,32 +251,6 @@ class Reads:
             list(rollout_ids),
         )
         return {r["rollout_id"]: Stored.of(r) for r in rows}
-
-    async def attempt_count(self, rollout_id: str) -> int:
-        rows = await self.fetch(
-            f"SELECT count(*) AS n FROM {self.table('agl_records')} "
-            "WHERE kind = 'attempt' AND rollout_id = $1",
-            rollout_id,
-        )
-        return int(rows[0]["n"])
-
-    async def queued_rollouts(self, limit: int) -> list[Stored]:
-        """The queue: queuing and requeuing rollouts by when they entered it."""
-        rows = await self.fetch(
-            f"SELECT {RECORD_COLUMNS} FROM {self.table('agl_records')} "
-            f"WHERE kind = 'rollout' AND {record_field('status')} IN ('queuing', 'requeuing') "
-            "AND body->>'queued_at' IS NOT NULL "
-            "ORDER BY (body->>'queued_at')::double precision, created_at, record_id LIMIT $1",
-            limit,
-        )
-        return [Stored.of(r) for r in rows]
-
-    async def running_rollouts(self) -> list[Stored]:
-        rows = await self.fetch(
-            f"SELECT {RECORD_COLUMNS} FROM {self.table('agl_records')} "
-            f"WHERE kind = 'rollout' AND {record_field('status')} IN ('preparing', 'running')"
-        )
-        return [Stored.of(r) for r in rows]
 
     async def latest_resources(self) -> Stored | None:
         rows = await self.fetch(
@@ -265,17 +275,15 @@ class Reads:
 
     # ---- spans -------------------------------------------------------------------------
 
-    async def span_conflicts(
-        self, rollout_id: str, attempt_id: str, span_ids: Sequence[str], sequences: Sequence[int]
+    async def attempt_span_keys(
+        self, rollout_id: str, attempt_id: str
     ) -> tuple[set[str], set[int]]:
-        """Of these spans of one attempt, the span ids and sequence ids already stored."""
+        """The span ids and sequence ids of one attempt's spans."""
         rows = await self.fetch(
             f"SELECT span_id, sequence FROM {self.table('spans')} WHERE rollout_id = $1 AND "
-            "attempt_id = $2 AND (span_id = ANY($3::text[]) OR sequence = ANY($4::bigint[]))",
+            "attempt_id = $2",
             rollout_id,
             attempt_id,
-            list(span_ids),
-            list(sequences),
         )
         return {r["span_id"] for r in rows}, {r["sequence"] for r in rows}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -50,11 +51,25 @@ from agentlightning.types import (
 )
 from agentlightning.utils.id import generate_id
 from opentelemetry.sdk.trace import ReadableSpan
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from agl_stream.compat.agl import records as logic
-from agl_stream.compat.agl.core import Core
-from agl_stream.compat.agl.reads import SPAN_COLUMNS, SPAN_SORTS, Match, Stored, record_field
+from agl_stream.compat.agl.core import (
+    Core,
+    attempt_record,
+    resources_record,
+    rollout_record,
+    worker_record,
+)
+from agl_stream.compat.agl.live import RolloutState
+from agl_stream.compat.agl.reads import (
+    SPAN_COLUMNS,
+    SPAN_SORTS,
+    Match,
+    page,
+    record_field,
+    sort_key,
+)
 from agl_stream.compat.agl.records import (
     AnyRecord,
     AttemptRecord,
@@ -68,6 +83,7 @@ from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
 _RESOURCES = TypeAdapter(NamedResources)
 SEQUENCES_KEPT = 100_000
 
@@ -94,28 +110,31 @@ def _given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if not isinstance(value, Unset)}
 
 
-def _rollout_record(s: Stored) -> RolloutRecord:
-    return RolloutRecord.from_body(s.body, s.revision, s.created_at)
-
-
-def _attempt_record(s: Stored) -> AttemptRecord:
-    return AttemptRecord(Attempt.model_validate(s.body["record"]), s.revision, s.created_at)
-
-
-def _worker_record(s: Stored) -> WorkerRecord:
-    return WorkerRecord(Worker.model_validate(s.body["record"]), s.revision, s.created_at)
-
-
-def _resources_record(s: Stored) -> ResourcesRecord:
-    return ResourcesRecord(
-        ResourcesUpdate.model_validate(s.body["record"]), s.revision, s.created_at
-    )
-
-
 def _attempted(rollout: Rollout, attempt: Attempt | None) -> Rollout:
     if attempt is None:
         return rollout
     return AttemptedRollout(**rollout.model_dump(), attempt=attempt)
+
+
+def _ordered(
+    items: Sequence[R],
+    model_of: Callable[[R], BaseModel],
+    ties: Callable[[R], tuple[float, str, str]],
+    model: type[BaseModel],
+    sort_by: str | None,
+    sort_order: Literal["asc", "desc"],
+) -> list[R]:
+    """Items in the read model's order: by `sort_by` (with Agent Lightning's defaults for
+    None), then by when each record was made and its ids, as reads.py orders rows."""
+    out = sorted(items, key=ties)
+    if sort_by is not None:
+        key = sort_key(model, sort_by)
+        out.sort(key=lambda item: key(model_of(item)), reverse=sort_order == "desc")
+    return out
+
+
+def _paged(items: list[R], limit: int, offset: int) -> list[R]:
+    return items[offset:] if limit == -1 else items[offset : offset + limit]
 
 
 class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning is untyped
@@ -146,9 +165,9 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         self._started: concurrent.futures.Future[Core] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        # Span sequence ids handed out, per rollout (the rollout record reserves ahead), for
-        # the rollouts used last: one forgotten starts again past its reserved block.
-        self._sequences: LastUsed = LastUsed(SEQUENCES_KEPT)
+        # Span sequence ids handed out for rollout ids the store does not hold (Agent
+        # Lightning hands them out for any id), for the ones used last.
+        self._orphan_sequences: LastUsed = LastUsed(SEQUENCES_KEPT)
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -207,17 +226,35 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             raise
 
     async def _locked(self, work: Callable[[Core], Awaitable[T]], scan: bool = True) -> T:
+        """A call on the live state: decided under the lock (after the watchdog looked),
+        answered once everything it may have seen or staged is committed."""
+
         async def locked(core: Core) -> T:
             async with core.lock:
+                await core.ready()
+                core.begin()
                 if scan:
                     await self._scan(core)
-                return await work(core)
+                result = await work(core)
+                answered = core.answered()
+            await core.committed(answered)
+            return result
 
         return await self._run(locked)
 
-    async def _read(self, work: Callable[[Core], Awaitable[T]]) -> T:
-        """A read, after the watchdog has looked (it may write)."""
-        return await self._locked(work)
+    async def _history(self, work: Callable[[Core], Awaitable[T]]) -> T:
+        """A read of the read model: after the watchdog looked, once the projection holds
+        every write the store committed."""
+
+        async def read(core: Core) -> T:
+            async with core.lock:
+                await core.ready()
+                await self._scan(core)
+            await core.settled()
+            await core.projected()
+            return await work(core)
+
+        return await self._run(read)
 
     def close(self) -> None:
         """Stop the store's loop: its projector, producer and connections."""
@@ -242,36 +279,22 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
 
-    # ---- reading records -----------------------------------------------------------------
-
-    async def _rollout(self, core: Core, rollout_id: str) -> RolloutRecord | None:
-        s = await core.reads.record("rollout", rollout_id, rollout_id)
-        return None if s is None else _rollout_record(s)
-
-    async def _attempt(self, core: Core, rollout_id: str, attempt_id: str) -> AttemptRecord | None:
-        s = await core.reads.record("attempt", attempt_id, rollout_id)
-        return None if s is None else _attempt_record(s)
-
-    async def _latest_attempt(self, core: Core, rollout_id: str) -> AttemptRecord | None:
-        found = await core.reads.latest_attempts([rollout_id])
-        return _attempt_record(found[rollout_id]) if rollout_id in found else None
-
-    async def _worker(self, core: Core, worker_id: str) -> WorkerRecord:
-        s = await core.reads.record("worker", worker_id)
-        return WorkerRecord(Worker(worker_id=worker_id)) if s is None else _worker_record(s)
+    # ---- workers, in memory ---------------------------------------------------------------
 
     async def _worker_synced(
         self, core: Core, attempt: Attempt, now: float, dequeue: bool = False
     ) -> WorkerRecord | None:
         if not attempt.worker_id:
             return None
-        w = await self._worker(core, attempt.worker_id)
+        w = await core.worker(attempt.worker_id)
         new = logic.worker_after_attempt(w.worker, attempt, now, dequeue)
         return WorkerRecord(new, w.revision, w.created_at)
 
-    async def _latest_resources_id(self, core: Core) -> str | None:
-        s = await core.reads.latest_resources()
-        return None if s is None else s.record_id
+    async def _existing(self, core: Core, rollout_id: str, missing: str) -> RolloutState:
+        state = await core.rollout(rollout_id)
+        if state is None:
+            raise ValueError(missing)
+        return state
 
     # ---- the watchdog --------------------------------------------------------------------
 
@@ -282,22 +305,18 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         if self._scan_debounce_seconds > 0 and now - self._last_scan < self._scan_debounce_seconds:
             return
         self._last_scan = now
-        running = [_rollout_record(s) for s in await core.reads.running_rollouts()]
-        if not running:
-            return
-        latest = await core.reads.latest_attempts([r.rollout.rollout_id for r in running])
         changes: list[AnyRecord] = []
-        for record in running:
-            stored = latest.get(record.rollout.rollout_id)
-            if stored is None:
+        for rid in list(core.live.running):
+            state = core.live.rollouts[rid]
+            latest = state.latest()
+            if latest is None:
                 continue
-            a = _attempt_record(stored)
-            status = logic.unhealthy_status(record.rollout, a.attempt, now)
+            status = logic.unhealthy_status(state.rollout, latest.attempt, now)
             if status is None:
                 continue
-            attempt, sync = logic.with_attempt_changes(a.attempt, now, {"status": status})
-            changes.append(AttemptRecord(attempt, a.revision, a.created_at))
-            rollout = await logic.rollout_after_attempt(record, attempt, attempt, now)
+            attempt, sync = logic.with_attempt_changes(latest.attempt, now, {"status": status})
+            changes.append(AttemptRecord(attempt, latest.revision, latest.created_at))
+            rollout = await logic.rollout_after_attempt(state.record, attempt, attempt, now)
             if rollout is not None:
                 changes.append(rollout)
             if sync:
@@ -306,7 +325,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                     changes.append(worker)
         if changes:
             log.info("the watchdog marked %d attempt(s) timeout or unresponsive", len(changes))
-            await core.write(_merge(changes))
+            core.stage(_merge(changes))
 
     # ---- statistics ----------------------------------------------------------------------
 
@@ -323,7 +342,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 "uptime": time.time() - self._launch_time,
             }
 
-        return await self._run(work)
+        return await self._history(work)
 
     # ---- rollouts: queue and start -------------------------------------------------------
 
@@ -347,7 +366,6 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             config=config.model_copy(deep=True) if config is not None else RolloutConfig(),
             metadata=dict(metadata) if metadata is not None else {},
         )
-        self._sequences[rollout.rollout_id] = 0  # none handed out yet
         return RolloutRecord(
             rollout,
             queued_at=now if status in logic.QUEUING else None,
@@ -367,7 +385,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
 
         async def work(core: Core) -> AttemptedRollout:
             now = time.time()
-            resolved = resources_id or await self._latest_resources_id(core)
+            resolved = resources_id or core.live.latest_resources
             record = self._new_rollout(input, mode, resolved, config, metadata, "preparing", now)
             attempt = Attempt(
                 rollout_id=record.rollout.rollout_id,
@@ -381,7 +399,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             worker = await self._worker_synced(core, attempt, now)
             if worker is not None:
                 changes.append(worker)
-            await core.write(changes)
+            core.stage(changes)
             return AttemptedRollout(**record.rollout.model_dump(), attempt=attempt)
 
         return await self._locked(work)
@@ -406,7 +424,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
 
         async def work(core: Core) -> list[Rollout]:
             now = time.time()
-            latest = await self._latest_resources_id(core)
+            latest = core.live.latest_resources
             made = [
                 self._new_rollout(
                     r.input,
@@ -420,26 +438,26 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 for i, r in enumerate(rollouts)
             ]
             if made:
-                await core.write(made)
+                core.stage(made)
             return [m.rollout for m in made]
 
-        return await self._locked(work)
+        return await self._locked(work, scan=False)
 
-    async def _claim(
-        self, core: Core, record: RolloutRecord, worker_id: str | None, now: float
+    @staticmethod
+    def _claim(
+        state: RolloutState, worker_id: str | None, now: float
     ) -> tuple[AttemptedRollout, list[AnyRecord]]:
         """A new attempt of a rollout (sequence id one past the ones it has), the rollout
         preparing and out of the queue."""
-        count = await core.reads.attempt_count(record.rollout.rollout_id)
         attempt = Attempt(
-            rollout_id=record.rollout.rollout_id,
+            rollout_id=state.rollout.rollout_id,
             attempt_id="at-" + generate_id(8),
-            sequence_id=count + 1,
+            sequence_id=len(state.attempts) + 1,
             start_time=now,
             status="preparing",
             worker_id=worker_id,
         )
-        rollout = logic.with_rollout_status(record, "preparing", now)
+        rollout = logic.with_rollout_status(state.record, "preparing", now)
         return (
             AttemptedRollout(**rollout.rollout.model_dump(), attempt=attempt),
             [rollout, AttemptRecord(attempt)],
@@ -458,15 +476,12 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             now = time.time()
             claimed: list[AttemptedRollout] = []
             changes: list[AnyRecord] = []
-            if limit > 0:
-                for stored in await core.reads.queued_rollouts(limit):
-                    attempted, records = await self._claim(
-                        core, _rollout_record(stored), worker_id, now
-                    )
-                    claimed.append(attempted)
-                    changes += records
+            for state in core.live.queued(max(limit, 0)):
+                attempted, records = self._claim(state, worker_id, now)
+                claimed.append(attempted)
+                changes += records
             if worker_id is not None:
-                w = await self._worker(core, worker_id)
+                w = await core.worker(worker_id)
                 if claimed:
                     # One worker works on one attempt: the last one claimed.
                     worker = logic.worker_after_attempt(w.worker, claimed[-1].attempt, now, True)
@@ -474,7 +489,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                     worker = logic.worker_after_empty_dequeue(w.worker, now)
                 changes.append(WorkerRecord(worker, w.revision, w.created_at))
             if changes:
-                await core.write(changes)
+                core.stage(changes)
             return claimed
 
         return await self._locked(work)
@@ -485,15 +500,13 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         _check_ids(rollout_id=rollout_id, worker_id=worker_id)
 
         async def work(core: Core) -> AttemptedRollout:
-            record = await self._rollout(core, rollout_id)
-            if record is None:
-                raise ValueError(f"Rollout {rollout_id} not found")
+            state = await self._existing(core, rollout_id, f"Rollout {rollout_id} not found")
             now = time.time()
-            attempted, changes = await self._claim(core, record, worker_id, now)
+            attempted, changes = self._claim(state, worker_id, now)
             worker = await self._worker_synced(core, attempted.attempt, now)
             if worker is not None:
                 changes.append(worker)
-            await core.write(changes)
+            core.stage(changes)
             return attempted
 
         return await self._locked(work)
@@ -527,6 +540,34 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             )
             rollout_id_in = rollout_ids
         _check_ids(rollout_id_in=rollout_id_in, rollout_id_contains=rollout_id_contains)
+        page(limit, offset)  # refuses a negative offset or limit before anything is read
+        if sort_by is not None:
+            sort_key(Rollout, sort_by)  # refuses a field that does not sort
+        others = rollout_id_contains is not None or status_in is not None
+        if rollout_id_in is not None and (filter_logic == "and" or not others):
+            ids, contains, statuses = list(rollout_id_in), rollout_id_contains, status_in
+
+            async def live(core: Core) -> PaginatedResult[Rollout]:
+                states = await core.rollouts(ids)
+                chosen = [
+                    s
+                    for s in states.values()
+                    if (contains is None or contains in s.rollout.rollout_id)
+                    and (statuses is None or s.rollout.status in statuses)
+                ]
+                ordered = _ordered(
+                    chosen,
+                    lambda s: s.rollout,
+                    lambda s: (s.record.created_at, s.rollout.rollout_id, s.rollout.rollout_id),
+                    Rollout,
+                    sort_by,
+                    sort_order,
+                )
+                items = [s.attempted() for s in _paged(ordered, limit, offset)]
+                return PaginatedResult(items=items, limit=limit, offset=offset, total=len(chosen))
+
+            return await self._locked(live)
+
         matches = [Match("record_id", within=rollout_id_in, contains=rollout_id_contains)]
         if status_in is not None:
             matches.append(Match(record_field("status"), within=status_in))
@@ -542,31 +583,26 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 limit=limit,
                 offset=offset,
             )
-            items = await self._with_latest(core, [_rollout_record(r).rollout for r in rows])
+            rollouts = [rollout_record(r).rollout for r in rows]
+            latest = await core.reads.latest_attempts([r.rollout_id for r in rollouts])
+            items = [
+                _attempted(r, attempt_record(latest[r.rollout_id]).attempt)
+                if r.rollout_id in latest
+                else r
+                for r in rollouts
+            ]
             return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
-        return await self._read(work)
-
-    async def _with_latest(self, core: Core, rollouts: list[Rollout]) -> list[Rollout]:
-        latest = await core.reads.latest_attempts([r.rollout_id for r in rollouts])
-        return [
-            _attempted(
-                r,
-                _attempt_record(latest[r.rollout_id]).attempt if r.rollout_id in latest else None,
-            )
-            for r in rollouts
-        ]
+        return await self._history(work)
 
     async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
         _check_ids(rollout_id=rollout_id)
 
         async def work(core: Core) -> Rollout | None:
-            record = await self._rollout(core, rollout_id)
-            if record is None:
-                return None
-            return (await self._with_latest(core, [record.rollout]))[0]
+            state = await core.rollout(rollout_id)
+            return None if state is None else state.attempted()
 
-        return await self._read(work)
+        return await self._locked(work)
 
     async def query_attempts(
         self,
@@ -578,31 +614,35 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         offset: int = 0,
     ) -> PaginatedResult[Attempt]:
         _check_ids(rollout_id=rollout_id)
+        page(limit, offset)
+        if sort_by is not None:
+            sort_key(Attempt, sort_by)
 
         async def work(core: Core) -> PaginatedResult[Attempt]:
-            rows, total = await core.reads.records(
-                "attempt",
+            state = await core.rollout(rollout_id)
+            attempts = [] if state is None else list(state.attempts.values())
+            ordered = _ordered(
+                attempts,
+                lambda a: a.attempt,
+                lambda a: (a.created_at, rollout_id, a.attempt.attempt_id),
                 Attempt,
-                must=["rollout_id = {}"],
-                must_params=[rollout_id],
-                sort_by=sort_by,
-                sort_order=sort_order,
-                limit=limit,
-                offset=offset,
+                sort_by,
+                sort_order,
             )
-            items = [_attempt_record(r).attempt for r in rows]
-            return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+            items = [a.attempt for a in _paged(ordered, limit, offset)]
+            return PaginatedResult(items=items, limit=limit, offset=offset, total=len(attempts))
 
-        return await self._read(work)
+        return await self._locked(work)
 
     async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         _check_ids(rollout_id=rollout_id)
 
         async def work(core: Core) -> Attempt | None:
-            found = await self._latest_attempt(core, rollout_id)
-            return None if found is None else found.attempt
+            state = await core.rollout(rollout_id)
+            latest = None if state is None else state.latest()
+            return None if latest is None else latest.attempt
 
-        return await self._read(work)
+        return await self._locked(work)
 
     async def wait_for_rollouts(
         self,
@@ -610,36 +650,33 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         rollout_ids: list[str],
         timeout: float | None = None,  # noqa: ASYNC109 - Agent Lightning's signature
     ) -> list[Rollout]:
-        """The rollouts among these that are finished, waiting (woken by the projector's
-        commits, never polling in a loop) until all are or `timeout` seconds pass."""
+        """The rollouts among these that are finished, in the order given, waiting (woken
+        when the store finishes a rollout, never polling in a loop) until all are or
+        `timeout` seconds pass."""
         _check_ids(rollout_ids=rollout_ids)
-
-        async def finished(core: Core) -> list[Rollout]:
-            rows, _ = await core.reads.records(
-                "rollout",
-                Rollout,
-                matches=[
-                    Match("record_id", within=rollout_ids),
-                    Match(record_field("status"), within=sorted(logic.FINISHED)),
-                ],
-                limit=-1,
-            )
-            return [_rollout_record(r).rollout for r in rows]
 
         async def work(core: Core) -> list[Rollout]:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
-            wanted = set(rollout_ids)
             while True:
                 async with core.lock:
+                    await core.ready()
+                    core.begin()
                     await self._scan(core)
-                    done = await finished(core)
-                if {r.rollout_id for r in done} >= wanted:
-                    return done
+                    states = await core.rollouts(rollout_ids)
+                    finished = core.finished
+                    answered = core.answered()
+                done = [
+                    states[rid].rollout
+                    for rid in rollout_ids
+                    if rid in states and states[rid].rollout.status in logic.FINISHED
+                ]
                 left = _WAIT_RECHECK_SECONDS if deadline is None else deadline - loop.time()
-                if left <= 0:
+                if len(done) == len(rollout_ids) or left <= 0:
+                    await core.committed(answered)
                     return done
-                await core.watch.changed(min(left, _WAIT_RECHECK_SECONDS))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), min(left, _WAIT_RECHECK_SECONDS))
 
         return await self._run(work)
 
@@ -660,12 +697,13 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         _check_ids(rollout_id=rollout_id, resources_id=resources_id)
 
         async def work(core: Core) -> Rollout:
-            record = await self._rollout(core, rollout_id)
-            if record is None:
-                raise ValueError(f"Item rollout_id={rollout_id!r} does not exist in the store")
-            new = logic.updated_rollout(record, time.time(), dict(given))
-            await core.write([new])
-            return new.rollout
+            state = await self._existing(
+                core, rollout_id, f"Item rollout_id={rollout_id!r} does not exist in the store"
+            )
+            new = logic.updated_rollout(state.record, time.time(), dict(given))
+            (written,), _ = core.stage([new])
+            assert isinstance(written, RolloutRecord)
+            return written.rollout
 
         return await self._locked(work)
 
@@ -687,29 +725,24 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         _check_ids(rollout_id=rollout_id, attempt_id=attempt_id, worker_id=worker_id)
 
         async def work(core: Core) -> Attempt:
-            record = await self._rollout(core, rollout_id)
-            if record is None:
-                raise ValueError(f"Rollout {rollout_id} not found")
-            latest = await self._latest_attempt(core, rollout_id)
+            state = await self._existing(core, rollout_id, f"Rollout {rollout_id} not found")
+            latest = state.latest()
             if latest is None:
                 raise ValueError(f"No attempts found for rollout {rollout_id}")
-            target = latest
-            if attempt_id != "latest" and attempt_id != latest.attempt.attempt_id:
-                found = await self._attempt(core, rollout_id, attempt_id)
-                if found is None:
-                    raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
-                target = found
+            target = latest if attempt_id == "latest" else state.attempts.get(attempt_id)
+            if target is None:
+                raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
             now = time.time()
             attempt, sync = logic.with_attempt_changes(target.attempt, now, given)
             changes: list[AnyRecord] = [AttemptRecord(attempt, target.revision, target.created_at)]
-            rollout = await logic.rollout_after_attempt(record, attempt, latest.attempt, now)
+            rollout = await logic.rollout_after_attempt(state.record, attempt, latest.attempt, now)
             if rollout is not None:
                 changes.append(rollout)
             if sync:
                 worker = await self._worker_synced(core, attempt, now)
                 if worker is not None:
                     changes.append(worker)
-            await core.write(changes)
+            core.stage(changes)
             return attempt
 
         return await self._locked(work)
@@ -723,30 +756,25 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         out: list[int] = []
         reserve: dict[str, RolloutRecord] = {}
         for rollout_id in rollout_ids:
-            current = await self._sequence_floor(core, rollout_id)
-            self._sequences[rollout_id] = current + 1
-            out.append(current + 1)
-            record = reserve.get(rollout_id) or await self._rollout(core, rollout_id)
-            if record is not None and current + 1 > record.span_sequence_reserved:
+            state = await core.rollout(rollout_id)
+            if state is None:  # Agent Lightning hands them out for any rollout id
+                floor = self._orphan_sequences.get(rollout_id)
+                if floor is None:
+                    floor = await core.reads.max_span_sequence(rollout_id)
+                self._orphan_sequences[rollout_id] = floor + 1
+                out.append(floor + 1)
+                continue
+            floor = await core.sequence_floor(state)
+            state.sequence_floor = floor + 1
+            out.append(floor + 1)
+            record = reserve.get(rollout_id, state.record)
+            if floor + 1 > record.span_sequence_reserved:
                 reserve[rollout_id] = logic.replace_reserved(
-                    record, current + 1 + logic.SEQUENCE_BLOCK
+                    record, floor + 1 + logic.SEQUENCE_BLOCK
                 )
         if reserve:
-            await core.write(list(reserve.values()))
+            core.stage(list(reserve.values()))
         return out
-
-    async def _sequence_floor(self, core: Core, rollout_id: str) -> int:
-        """The highest sequence id handed out or seen for the rollout."""
-        if rollout_id in self._sequences:
-            return self._sequences[rollout_id]
-        record = await self._rollout(core, rollout_id)
-        seen = await core.reads.max_span_sequence(rollout_id)
-        # A rollout this process did not make: past everything an earlier store (this one
-        # before a restart) may have handed out.
-        reserved = record.span_sequence_reserved if record is not None else 0
-        floor = max(seen, reserved)
-        self._sequences[rollout_id] = floor
-        return floor
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
@@ -806,22 +834,20 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         by_attempt: dict[tuple[str, str], list[Span]] = {}
         for span in spans:
             by_attempt.setdefault((span.rollout_id, span.attempt_id), []).append(span)
-        added: list[Span] = []
+        added: list[tuple[RolloutState, Span]] = []
         changes: list[AnyRecord] = []
         now = time.time()
         for (rollout_id, attempt_id), group in by_attempt.items():
-            record = await self._rollout(core, rollout_id)
-            if record is None:
-                raise ValueError(f"Rollout {rollout_id} not found")
-            target = await self._attempt(core, rollout_id, attempt_id)
+            state = await self._existing(core, rollout_id, f"Rollout {rollout_id} not found")
+            target = state.attempts.get(attempt_id)
             if target is None:
                 raise ValueError(f"Attempt {attempt_id} not found for rollout {rollout_id}")
-            known_ids, known_seqs = await core.reads.span_conflicts(
-                rollout_id, attempt_id, [s.span_id for s in group], [s.sequence_id for s in group]
-            )
+            keys = await core.span_keys(state, attempt_id)
+            await core.sequence_floor(state)
+            ids, seqs = set(keys.ids), set(keys.sequences)
             fresh: list[Span] = []
             for span in group:
-                if span.span_id in known_ids or span.sequence_id in known_seqs:
+                if span.span_id in ids or span.sequence_id in seqs:
                     log.error(
                         "Duplicated span added for rollout=%s, attempt=%s, span=%s. Skipping.",
                         rollout_id,
@@ -829,25 +855,30 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                         span.span_id,
                     )
                     continue
-                known_ids.add(span.span_id)
-                known_seqs.add(span.sequence_id)
+                ids.add(span.span_id)
+                seqs.add(span.sequence_id)
                 fresh.append(span)
             if not fresh:
                 continue
-            floor = await self._sequence_floor(core, rollout_id)
-            self._sequences[rollout_id] = max(floor, *(s.sequence_id for s in fresh))
-            added += fresh
+            added += [(state, s) for s in fresh]
             attempt = logic.heartbeat(target.attempt, now)
             changes.append(AttemptRecord(attempt, target.revision, target.created_at))
-            latest = await self._latest_attempt(core, rollout_id)
+            latest = state.latest()
             rollout = logic.rollout_after_heartbeat(
-                record, attempt, None if latest is None else latest.attempt, now
+                state.record, attempt, None if latest is None else latest.attempt, now
             )
             if rollout is not None:
                 changes.append(rollout)
-        if added:
-            await core.write(changes, [to_event(s) for s in added])
-        return added
+        if not added:
+            return []
+        events = [to_event(s) for _, s in added]  # refuses what cannot be kept, before any change
+        core.stage(changes, events)
+        for state, span in added:
+            keys = state.spans[span.attempt_id]
+            keys.ids.add(span.span_id)
+            keys.sequences.add(span.sequence_id)
+            state.sequence_floor = max(state.sequence_floor or 0, span.sequence_id)
+        return [s for _, s in added]
 
     async def query_spans(
         self,
@@ -890,12 +921,23 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         ]
 
         async def work(core: Core) -> PaginatedResult[Span]:
+            # The rollout's spans from the read model, once it holds the rollout's writes.
+            async with core.lock:
+                await core.ready()
+                core.begin()
+                state = await core.rollout(rollout_id)
+                answered = core.answered()
+            await core.committed(answered)
             resolved = attempt_id
-            if attempt_id == "latest":
-                latest = await self._latest_attempt(core, rollout_id)
-                if latest is None:
-                    return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
-                resolved = latest.attempt.attempt_id
+            if state is not None:
+                await core.projected(state.written)
+                if attempt_id == "latest":
+                    latest = state.latest()
+                    resolved = None if latest is None else latest.attempt.attempt_id
+            elif attempt_id == "latest":
+                resolved = None
+            if attempt_id == "latest" and resolved is None:
+                return PaginatedResult(items=[], limit=limit, offset=offset, total=0)
             rows, total = await core.reads.spans(
                 rollout_id,
                 resolved,
@@ -909,7 +951,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             items = [from_row(r) for r in rows]
             return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
-        return await self._read(work)
+        return await self._run(work)
 
     # ---- resources -------------------------------------------------------------------------
 
@@ -929,8 +971,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
 
         async def work(core: Core) -> ResourcesUpdate:
             now = time.time()
-            stored = None if new else await core.reads.record("resources", resources_id)
-            if stored is None:
+            old = None if new else await core.resources(resources_id)
+            if old is None:
                 record = ResourcesRecord(
                     ResourcesUpdate(
                         resources_id=resources_id,
@@ -941,7 +983,6 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                     )
                 )
             else:
-                old = _resources_record(stored)
                 update = old.update.model_copy(
                     update={
                         "resources": checked,
@@ -950,7 +991,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                     }
                 )
                 record = ResourcesRecord(update, old.revision, old.created_at)
-            await core.write([record])
+            core.stage([record])
             return record.update
 
         return await self._locked(work, scan=False)
@@ -959,17 +1000,18 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         _check_ids(resources_id=resources_id)
 
         async def work(core: Core) -> ResourcesUpdate | None:
-            s = await core.reads.record("resources", resources_id)
-            return None if s is None else _resources_record(s).update
+            found = await core.resources(resources_id)
+            return None if found is None else found.update
 
-        return await self._run(work)
+        return await self._locked(work, scan=False)
 
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         async def work(core: Core) -> ResourcesUpdate | None:
-            s = await core.reads.latest_resources()
-            return None if s is None else _resources_record(s).update
+            latest = core.live.latest_resources
+            found = None if latest is None else await core.resources(latest)
+            return None if found is None else found.update
 
-        return await self._run(work)
+        return await self._locked(work, scan=False)
 
     async def query_resources(
         self,
@@ -1002,10 +1044,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 limit=limit,
                 offset=offset,
             )
-            items = [_resources_record(r).update for r in rows]
+            items = [resources_record(r).update for r in rows]
             return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
-        return await self._run(work)
+        return await self._history(work)
 
     # ---- workers ---------------------------------------------------------------------------
 
@@ -1018,9 +1060,9 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             updates["heartbeat_stats"] = dict(heartbeat_stats)  # None: TypeError, as in AGL
 
         async def work(core: Core) -> Worker:
-            w = await self._worker(core, worker_id)
+            w = await core.worker(worker_id)
             worker = w.worker.model_copy(update={**updates, "last_heartbeat_time": time.time()})
-            await core.write([WorkerRecord(worker, w.revision, w.created_at)])
+            core.stage([WorkerRecord(worker, w.revision, w.created_at)])
             return worker
 
         return await self._locked(work, scan=False)
@@ -1029,10 +1071,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         _check_ids(worker_id=worker_id)
 
         async def work(core: Core) -> Worker | None:
-            s = await core.reads.record("worker", worker_id)
-            return None if s is None else _worker_record(s).worker
+            w = await core.worker(worker_id)
+            return None if w.revision == 0 else w.worker
 
-        return await self._run(work)
+        return await self._locked(work, scan=False)
 
     async def query_workers(
         self,
@@ -1062,10 +1104,10 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 limit=limit,
                 offset=offset,
             )
-            items = [_worker_record(r).worker for r in rows]
+            items = [worker_record(r).worker for r in rows]
             return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
 
-        return await self._read(work)
+        return await self._history(work)
 
 
 def _check_ids(**given: object) -> None:

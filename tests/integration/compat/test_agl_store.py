@@ -14,10 +14,12 @@ from datetime import UTC, datetime
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 
 from agl_stream.bus.codec import Codec
-from agl_stream.compat.agl import AglStreamStore
-from agl_stream.compat.agl.core import CATCH_UP_SECONDS, StoreFenced, transactional_id
+from agl_stream.compat.agl import AglStreamStore, commit
+from agl_stream.compat.agl.core import CATCH_UP_SECONDS, Core, StoreFenced, transactional_id
+from agl_stream.compat.agl.reads import Match
 from agl_stream.events import AglRecordKind, AglRecordRevised
 from tests.support.agl_fixtures import Place, fresh_place, otel_span
 from tests.support.backends import Backend
@@ -456,3 +458,142 @@ def ghost() -> AglRecordRevised:
         kind=AglRecordKind.ROLLOUT, partition_key="ro-ghost", record_id="ro-ghost",
         rollout_id="ro-ghost", revision=1, created_at=datetime.now(UTC), body_json=json.dumps(body),
     )  # fmt: skip
+
+
+async def _core(store: AglStreamStore) -> Core:
+    async def get(core: Core) -> Core:
+        return core
+
+    return await store._run(get)
+
+
+async def test_calls_in_flight_share_the_next_transaction(embedded_backend: Backend) -> None:
+    async with fresh_place(embedded_backend) as place:
+        await _share_a_transaction(AglStreamStore(place.kafka, place.database))
+
+
+async def _share_a_transaction(store: AglStreamStore) -> None:
+    try:
+        a = await store.start_rollout(input="burst")
+        core = await _core(store)
+        before = core.commits.transactions
+        added = await asyncio.gather(
+            *(store.add_span(span(a.rollout_id, a.attempt.attempt_id, seq)) for seq in range(1, 41))
+        )
+        assert all(s is not None for s in added)
+        assert core.commits.transactions - before < 40  # some calls shared a commit
+        stored = await store.query_spans(a.rollout_id)
+        assert sorted(s.sequence_id for s in stored) == list(range(1, 41))
+        # A record too large fails its own call only, not the calls it would share a commit with.
+        huge = span(a.rollout_id, a.attempt.attempt_id, 41).model_copy(
+            update={"attributes": {"blob": "x" * 2_000_000}}
+        )
+        results = await asyncio.gather(
+            store.add_span(huge),
+            store.add_span(span(a.rollout_id, a.attempt.attempt_id, 42)),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], MessageSizeTooLargeError)
+        assert isinstance(results[1], Span) and results[1].sequence_id == 42
+        assert core.commits.failure is None
+    finally:
+        await store.aclose()
+
+
+async def test_a_commit_the_broker_does_not_answer_fails_its_calls_and_the_store_recovers(
+    embedded_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not embedded_backend.can_pause:
+        pytest.skip(f"the {embedded_backend.name} backend cannot freeze its broker")
+    monkeypatch.setattr(commit, "COMMIT_SECONDS", 2.0)
+    async with fresh_place(embedded_backend) as place:
+        await _recover_from_a_frozen_broker(
+            AglStreamStore(place.kafka, place.database), embedded_backend
+        )
+
+
+async def _recover_from_a_frozen_broker(store: AglStreamStore, embedded_backend: Backend) -> None:
+    try:
+        await drain(store)
+        kept = await store.enqueue_rollout(input="before")
+        frozen = asyncio.create_task(embedded_backend.pause_broker(8))
+        await asyncio.sleep(0.5)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not commit the store's transaction"):
+            await store.update_worker("w-frozen", heartbeat_stats={"frozen": True})
+        assert time.monotonic() - began < 6  # it gave up while the broker was still frozen
+        await frozen
+        # The next call rebuilds the store's state from the topics and the read model.
+        claimed = await store.dequeue_rollout()
+        assert claimed is not None and claimed.rollout_id == kept.rollout_id
+        # The frozen commit may have gone through after the thaw: memory and read model agree.
+        answer = await store.get_worker_by_id("w-frozen")
+        await store._run(lambda core: core.projected())
+        row = await store._run(lambda core: core.reads.record("worker", "w-frozen"))
+        assert (answer is None) == (row is None)
+    finally:
+        await store.aclose()
+
+
+async def test_finished_rollouts_are_forgotten_and_read_back_alike(
+    embedded_backend: Backend,
+) -> None:
+    async with fresh_place(embedded_backend) as place:
+        await _forget_and_read_back(AglStreamStore(place.kafka, place.database))
+
+
+async def _forget_and_read_back(store: AglStreamStore) -> None:
+    try:
+        await drain(store)
+        core = await _core(store)
+        core.live.kept = 3
+        finished = []
+        for i in range(8):
+            r = await store.start_rollout(input={"i": i})
+            await store.add_span(span(r.rollout_id, r.attempt.attempt_id, 1))
+            await store.update_attempt(r.rollout_id, "latest", status="succeeded")
+            finished.append(await store.get_rollout_by_id(r.rollout_id))
+        queued = await store.enqueue_rollout(input="live")
+        deadline = time.monotonic() + 30
+        while len(core.live.rollouts) > 3 and time.monotonic() < deadline:
+            await store.update_worker("w-nudge")  # a write looks at the memory's size
+            await asyncio.sleep(0.2)
+        assert len(core.live.rollouts) <= 3
+        assert queued.rollout_id in core.live.rollouts  # the queue is never forgotten
+        for before in finished:
+            assert before is not None
+            assert await store.get_rollout_by_id(before.rollout_id) == before
+            spans = await store.query_spans(before.rollout_id, "latest")
+            assert [s.sequence_id for s in spans] == [1]
+    finally:
+        await store.aclose()
+
+
+async def test_answers_from_memory_equal_the_read_models(store: AglStreamStore) -> None:
+    made = [await store.enqueue_rollout(input={"q": i}, mode="train") for i in range(5)]
+    ids = [r.rollout_id for r in made]
+    claimed = await store.start_attempt(ids[1])
+    await store.update_attempt(ids[1], claimed.attempt.attempt_id, status="failed")
+    await store.start_attempt(ids[1])
+    await store.update_rollout(ids[2], mode="val")
+    core = await _core(store)
+    await store._run(lambda core: core.projected())
+    for sort_by in (None, "rollout_id", "start_time", "end_time", "mode", "status"):
+        for order in ("asc", "desc"):
+            memory = await store.query_rollouts(
+                rollout_id_in=ids, sort_by=sort_by, sort_order=order
+            )
+            rows, total = await store._run(
+                lambda core, s=sort_by, o=order: core.reads.records(
+                    "rollout",
+                    Rollout,
+                    matches=[Match("record_id", within=ids)],
+                    sort_by=s,
+                    sort_order=o,
+                )
+            )
+            assert [r.rollout_id for r in memory] == [r.record_id for r in rows], (sort_by, order)
+            assert memory.total == total
+    attempts = await store.query_attempts(ids[1], sort_order="desc")
+    assert [a.sequence_id for a in attempts] == [2, 1]
+    assert core.live.rollouts[ids[1]].latest() is not None
