@@ -7,7 +7,6 @@ import contextlib
 import functools
 import os
 import re
-import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from agl_stream.embedded.process import StackError
 from agl_stream.queries.params import NotFound, QueryError
 from agl_stream.runtime.auth import AuthSettings
 from agl_stream.runtime.config import ConfigError, DatabaseSettings, KafkaSettings, load
+from agl_stream.runtime.supervision import stop_on_signals as stop_on_signals  # its home
 from agl_stream.telemetry.metrics import MetricsError
 
 console = Console()
@@ -190,19 +190,6 @@ def text_or_file(value: str, flag: str) -> str:
         return Path(value[1:]).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
         raise click.BadParameter(f"cannot read {value[1:]}: {exc}", param_hint=flag) from None
-
-
-def stop_on_signals() -> asyncio.Event:
-    """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop. A
-    process started with Ctrl-C ignored (a shell's background job, `nohup`) keeps ignoring
-    it, as its parent does: a Ctrl-C meant for a foreground job must not stop the workers
-    of a Trainer.fit or demo running in the background while their parent goes on."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-    return stop
 
 
 _OFFSET = re.compile(r"^([A-Za-z0-9._-]+):(\d+)=(\d+)$")

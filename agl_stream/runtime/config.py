@@ -311,13 +311,15 @@ def child_environment(
     kafka: KafkaSettings, database: DatabaseSettings | None = None
 ) -> dict[str, str]:
     """This process's environment plus the AGL_STREAM_* variables that hand these settings
-    to a worker started as a child process."""
-    env = {
-        **os.environ,
-        "AGL_STREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "AGL_STREAM_TOPIC_PREFIX": kafka.topic_prefix,
-        "AGL_STREAM_REPLICATION_FACTOR": str(kafka.replication_factor),
-    }
+    to a worker started as a child process (every Kafka setting given, credentials too)."""
+    env = dict(os.environ)
+    for name, value in kafka.model_dump().items():
+        if value is None:
+            env.pop(f"{ENV_PREFIX}{name.upper()}", None)
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[f"{ENV_PREFIX}{name.upper()}"] = str(value)
     if database is not None:
-        env["AGL_STREAM_DATABASE_URL"] = database.database_url.get_secret_value()
+        env[f"{ENV_PREFIX}DATABASE_URL"] = database.database_url.get_secret_value()
     return env

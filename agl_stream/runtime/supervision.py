@@ -10,8 +10,11 @@ it waiting forever).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
 import random
+import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -119,3 +122,26 @@ class Supervisor:
 
 
 __all__ = ["BackgroundTaskFailed", "Supervisor", "restarting"]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For a child before exec (Popen's preexec_fn): killed when its parent dies, even by
+    SIGKILL (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop. A
+    process started with Ctrl-C ignored (a shell's background job, `nohup`) keeps ignoring
+    it, as its parent does: a Ctrl-C meant for a foreground job must not stop the workers
+    of a Trainer.fit or demo running in the background while their parent goes on."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    return stop

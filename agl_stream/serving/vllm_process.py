@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import importlib.metadata
 import os
 import signal
@@ -21,12 +20,12 @@ from pathlib import Path
 import aiohttp
 
 from agl_stream.embedded.process import free_port
+from agl_stream.runtime.supervision import die_with_parent
 from agl_stream.serving.vllm_placement import place_scheduler
 
 ENGINE_MODEL = "base"  # the name vLLM serves the base model under (adapters have their own)
 WORKER_EXTENSION = "agl_stream.serving.vllm_worker.WeightReload"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
-_PR_SET_PDEATHSIG = 1
 
 
 class EngineStartFailed(RuntimeError):
@@ -117,12 +116,6 @@ def environment(settings: VllmSettings) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: killed when the policy server dies, even by SIGKILL."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def log_tail(path: Path, lines: int = 15) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -156,7 +149,7 @@ class VllmProcess:
                 *command(settings, model_dir, port, lora_rank, dtype),
                 env=environment(settings), stdin=asyncio.subprocess.DEVNULL, stdout=log,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,  # killed when the policy server dies
             )  # fmt: skip
         started = cls(process, f"http://127.0.0.1:{port}", log_path)
         try:

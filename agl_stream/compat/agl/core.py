@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -61,6 +60,7 @@ from agl_stream.compat.agl.live import (
     committed,
     projected_past,
 )
+from agl_stream.compat.agl.projector_process import ProjectorProcess
 from agl_stream.compat.agl.reads import Reads, Stored
 from agl_stream.compat.agl.records import (
     AnyRecord,
@@ -70,10 +70,8 @@ from agl_stream.compat.agl.records import (
     WorkerRecord,
 )
 from agl_stream.events import AglRecordKind, AglRecordRevised, SpanRecorded
-from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.projection.store import NOTIFY_CHANNEL, active_read_model, init_connection
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
-from agl_stream.runtime.supervision import restarting
 
 log = logging.getLogger(__name__)
 
@@ -148,33 +146,6 @@ class ProjectionWatch:
 Holder = RolloutState | Kept
 
 
-class ProjectorThread:
-    """A projector (as `agl-stream worker projector` runs one) on a thread and event loop of
-    its own, so that its batches never hold up the store's calls; restarted on failure."""
-
-    def __init__(self, kafka: KafkaSettings, database: DatabaseSettings) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._stopping = asyncio.Event()
-        projector = Projector(kafka, database, ProjectorConfig())
-
-        async def run() -> None:
-            await restarting(lambda: projector.run(self._stopping), "the store's projector")
-
-        self._thread = threading.Thread(
-            target=self._loop.run_until_complete,
-            args=(run(),),
-            name="agl-store-projector",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self._loop.close()
-
-
 class Core:
     """The writer, the live state and the reads, living on the store's event loop."""
 
@@ -197,7 +168,7 @@ class Core:
         self._pool: asyncpg.Pool | None = None
         self._reads: Reads | None = None
         self._watch: ProjectionWatch | None = None
-        self._projector: ProjectorThread | None = None
+        self._projector: ProjectorProcess | None = None
         self._evicting: asyncio.Task[None] | None = None
         self._seen: list[Awaitable[object]] = []  # the commits the current call depends on
         self.fenced: StoreFenced | None = None
@@ -239,7 +210,7 @@ class Core:
         self._watch = ProjectionWatch(self._reads)
         await self._watch.start(dsn)
         if self.run_projector:
-            self._projector = ProjectorThread(self.kafka, self.database)
+            self._projector = ProjectorProcess(self.kafka, self.database)
         await self._take_over()
 
     async def _take_over(self) -> None:
@@ -314,7 +285,7 @@ class Core:
             self._evicting.cancel()
             await asyncio.gather(self._evicting, return_exceptions=True)
         if self._projector is not None:
-            await asyncio.to_thread(self._projector.stop)
+            await self._projector.stop()
         if self._commits is not None:
             await self._commits.close()
         if self._producer is not None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agl_stream.cli.common import stop_on_signals
+from agl_stream.runtime.supervision import stop_on_signals
 
 
 def _sigint(handler: object) -> Iterator[None]:
