@@ -381,7 +381,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
-        _check_ids(resources_id=resources_id or None, worker_id=worker_id)  # "": the latest
+        # resources_id "": the latest; worker_id "": none
+        _check_ids(resources_id=resources_id or None, worker_id=worker_id or None)
 
         async def work(core: Core) -> AttemptedRollout:
             now = time.time()
@@ -722,7 +723,8 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
             status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time,
             metadata=metadata,
         )  # fmt: skip
-        _check_ids(rollout_id=rollout_id, attempt_id=attempt_id, worker_id=worker_id)
+        # worker_id "" takes the attempt from its worker, as Agent Lightning's stores do
+        _check_ids(rollout_id=rollout_id, attempt_id=attempt_id, worker_id=worker_id or None)
 
         async def work(core: Core) -> Attempt:
             state = await self._existing(core, rollout_id, f"Rollout {rollout_id} not found")

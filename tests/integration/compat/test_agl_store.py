@@ -597,3 +597,13 @@ async def test_answers_from_memory_equal_the_read_models(store: AglStreamStore) 
     attempts = await store.query_attempts(ids[1], sort_order="desc")
     assert [a.sequence_id for a in attempts] == [2, 1]
     assert core.live.rollouts[ids[1]].latest() is not None
+
+
+async def test_an_empty_worker_id_takes_the_attempt_from_its_worker(store: AglStreamStore) -> None:
+    """As Agent Lightning's stores do (its test_update_attempt_none_vs_unset): "" is no
+    worker, not an id that breaks the id rule."""
+    started = await store.start_rollout(input="w", worker_id="w-empty")
+    updated = await store.update_attempt(started.rollout_id, "latest", worker_id="", metadata={})
+    assert updated.worker_id == "" and updated.metadata == {}
+    unassigned = await store.start_rollout(input="none", worker_id="")
+    assert not unassigned.attempt.worker_id
