@@ -4,7 +4,7 @@ when and on what machine it ran, and its figures (or the tables and notes of a r
 recorded by hand). Every dated figure of the documentation is on that page.
 
     .venv/bin/python -m benchmarks.report            # make bench: run every benchmark below
-                                                     # (~20 min), record each, render the page
+                                                     # (~30 min), record each, render the page
     .venv/bin/python -m benchmarks.report --only gateway     # run and record some of them
     .venv/bin/python -m benchmarks.report --render   # render the page from the results
     .venv/bin/python -m benchmarks.report --check    # exit 1 if the page is not what the
@@ -80,6 +80,9 @@ BENCHES = [
     Bench("dashboard", "The dashboard's API on a big read model",
           ["--rollouts", "1000000", "--spans", "20"],
           ["--rollouts", "20000", "--spans", "20", "--repeats", "20"]),
+    Bench("agl_client", "Agent Lightning's store benchmark client on both stores",
+          ["--rounds", "2", "--tasks", "512", "--batch-size", "128", "--runners", "4"],
+          ["--rounds", "1", "--tasks", "64", "--batch-size", "32", "--runners", "2"]),
 ]  # fmt: skip
 
 # The page: its sections and the results in each, by file name (an anchor of the page each).
@@ -90,7 +93,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
                   "trainer", "trainer_variants", "gpu_training", "online_training"]),
     ("Serving", ["gateway", "gateway_by_hand", "vllm_serving", "vllm_scheduler", "demo_engines"]),
     ("Operations", ["embedded_stack", "metrics_cost", "export_memory"]),
-    ("Agent Lightning's store", ["agl_store", "agl_store_tests"]),
+    ("Agent Lightning's store", ["agl_store", "agl_store_tests", "agl_client"]),
     ("Reliability", ["chaos", "soak"]),
     ("Tests", ["test_durations"]),
 ]  # fmt: skip
@@ -106,10 +109,11 @@ produced it, when it ran and on what machine. The page is rendered by `benchmark
 from the results recorded under `benchmarks/results/` (one JSON file each):
 
 - `make bench` runs the benchmarks of the runners, the projection, end-to-end latency,
-  takeover, the trainer, a demo step, the gateway and the dashboard, one after the other,
-  each in a process of its own on the embedded stack, records each result in place of the
-  one before and renders this page again (`.venv/bin/python -m benchmarks.report --only
-  NAME ...` runs some of them; `--quick` runs small sizes into a temporary folder).
+  takeover, the trainer, a demo step, the gateway, the dashboard and Agent Lightning's
+  store benchmark client, one after the other, each in a process of its own on the
+  embedded stack, records each result in place of the one before and renders this page
+  again (`.venv/bin/python -m benchmarks.report --only NAME ...` runs some of them;
+  `--quick` runs small sizes into a temporary folder).
 - Other results were measured by the command shown (a GPU benchmark, the hour-long soak, a
   test run) and recorded the same way.
 
@@ -389,6 +393,48 @@ def soak_body(f: Figures) -> str:
     )
 
 
+AGL_CLIENT_ROUND_COLUMNS = ["round", "store", "start s", "fit wall s", "rollouts/s",
+                            "store side CPU s", "client CPU s"]  # fmt: skip
+
+
+def agl_client_body(f: Figures) -> str:
+    w, stores = f["workload"], f["stores"]
+    named = (("wall_s", "fit wall s"), ("rollouts_per_s", "rollouts/s"),
+             ("store_cpu_ms_per_rollout", "store side CPU ms per rollout"),
+             ("client_cpu_ms_per_rollout", "client side CPU ms per rollout"))  # fmt: skip
+    rows: list[tuple[str, Any, Any]] = [
+        (label, stores["agl"][key], stores["agl-stream"][key]) for key, label in named
+    ]
+    rows.append(("rollouts/s, agl-stream / agl", "", f["rollouts_per_s_ratio"]))
+    rounds = [
+        (r["round"], r["store"], r["store_start_s"], r["wall_s"], r["rollouts_per_s"],
+         ", ".join(f"{role} {s}" for role, s in r["store_cpu_s"].items()), r["client_cpu_s"])
+        for r in f["rounds"]
+    ]  # fmt: skip
+    return (
+        "The workload of Agent Lightning's own store benchmark client (its "
+        "`tests/benchmark/benchmark_store.py`, batch mode, v0.3.0) reproduced: Agent "
+        f"Lightning's Trainer with {w['runners']} runner processes and an algorithm that "
+        f"publishes an LLM resource, enqueues {w['batch_size']} tasks, polls "
+        f"`wait_for_rollouts` every {w['poll_seconds']} s and checks each finished rollout's "
+        f"spans, batch after batch, {w['tasks']:,} rollouts in all; the agent runs 1 to "
+        f"{w['max_rounds']} rounds of a span with two nested ones (random attributes, each "
+        f"sleeping up to {w['sleep_seconds']} s), rewards, a final span. On Agent "
+        "Lightning 0.3.0's in-memory store behind `agl store`, and on `agl-stream store` on "
+        "a private embedded stack (fresh topics and database each round), in alternate "
+        f"rounds, {w['rounds']} of each; the medians. CPU over the fit, per rollout: the "
+        "store side's (its server; for agl-stream also the broker and PostgreSQL) and the "
+        "client's (the Trainer's process and its runners). A runner that finds the queue "
+        "empty waits 5 s (Agent Lightning's default), so each batch boundary costs either "
+        "store up to ~5 s.\n\n"
+        + grid(["figure", "agl (in memory)", "agl-stream"], rows, ["left", "right", "right"])
+        + "\n\nEach round:\n\n"
+        + grid(
+            AGL_CLIENT_ROUND_COLUMNS, rounds, ["right", "left"] + ["right"] * 3 + ["left", "right"]
+        )
+    )
+
+
 def flat_body(f: Figures) -> str:
     return key_values(f)
 
@@ -411,6 +457,7 @@ BODIES: dict[str, Callable[[Any], str]] = {
     "gpu_training": gpu_body,
     "soak": soak_body,
     "real_model": real_model_body,
+    "agl_client": agl_client_body,
     "flat": flat_body,
     "records": records_body,
 }

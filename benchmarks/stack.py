@@ -6,28 +6,53 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Callable, Coroutine, Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.table import Table
 
 from agl_stream.bus.topic_admin import apply_topics
+from agl_stream.embedded.process import pick_ports
 from agl_stream.embedded.stack import EmbeddedStack, StackState
 from agl_stream.runtime.config import KafkaSettings, StackSettings, load
 
 F = TypeVar("F")
 
 
-async def fresh_topics(prefix: str) -> tuple[StackState, KafkaSettings]:
-    """The running stack and Kafka settings for topics named `<prefix>.*`, created."""
-    stack = EmbeddedStack(load(StackSettings))
-    state = stack.running() or stack.up()
+async def fresh_topics(
+    prefix: str, state: StackState | None = None
+) -> tuple[StackState, KafkaSettings]:
+    """The stack (the one given, else the running one, started if need be) and Kafka
+    settings for topics named `<prefix>.*`, created."""
+    if state is None:
+        stack = EmbeddedStack(load(StackSettings))
+        state = stack.running() or stack.up()
     kafka = load(
         KafkaSettings, bootstrap_servers=state.bootstrap_servers, topic_prefix=f"{prefix}."
     )
     await apply_topics(kafka)
     return state, kafka
+
+
+@contextmanager
+def private_stack() -> Iterator[StackState]:
+    """A stack of the benchmark's own, in a temporary home on free ports, stopped and removed
+    afterwards: its processes (and their CPU time) serve this benchmark alone."""
+    home = Path(tempfile.mkdtemp(prefix="agl-bench-stack-"))
+    home.chmod(0o701)  # PostgreSQL runs as another user when we are root: let it walk in
+    broker_port, postgres_port = pick_ports(2, 32_700, 33_400)  # the tests pick below 32,700
+    stack = EmbeddedStack(
+        StackSettings(home=home, broker_port=broker_port, postgres_port=postgres_port)
+    )
+    try:
+        yield stack.up()
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
