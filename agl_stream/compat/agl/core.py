@@ -254,14 +254,19 @@ class Core:
         return await end_offsets(self.kafka, parts)  # read_committed: the last stable offsets
 
     async def _catch_up(self, ends: dict[TopicPartition, int]) -> None:
-        """Before the first decision, the projection holds what earlier stores committed."""
+        """Before the first decision, the projection holds what earlier stores committed. The
+        store waits for it however long it takes (saying so every CATCH_UP_SECONDS): its
+        memory is built from the read model, and a stale one would hand a rollout out twice.
+        (A killed store's projector holds its partitions until its session times out.)"""
         wanted = {(tp.topic, tp.partition): end - 1 for tp, end in ends.items() if end > 0}
-        if wanted and not await self.watch.offsets(wanted, CATCH_UP_SECONDS):
+        waited = 0.0
+        while wanted and not await self.watch.offsets(wanted, CATCH_UP_SECONDS):
+            waited += CATCH_UP_SECONDS
             log.warning(
-                "the read model had not reached the topics' ends %s after %.0f s (is a "
-                "projector running?); going on",
+                "the store waits for the read model to reach the topics' ends %s (%.0f s so "
+                "far): is a projector running (`agl-stream worker projector`)?",
                 wanted,
-                CATCH_UP_SECONDS,
+                waited,
             )
 
     async def _load(self) -> Live:
