@@ -36,7 +36,7 @@ _SLOW = "the broker did not commit the store's transaction within {:g} s"
 class Staged:
     """One call's records and the future of their offsets."""
 
-    events: Sequence[Prepared]
+    records: Sequence[Prepared]
     done: asyncio.Future[list[RecordMetadata]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -63,9 +63,9 @@ class GroupCommit:
         self.seconds = 0.0
         self._task = asyncio.create_task(self._run(), name="agl-store-commits")
 
-    def stage(self, events: Sequence[Prepared]) -> asyncio.Future[list[RecordMetadata]]:
+    def stage(self, records: Sequence[Prepared]) -> asyncio.Future[list[RecordMetadata]]:
         """Queue a call's events for the next transaction; the future resolves at its commit."""
-        staged = Staged(events)
+        staged = Staged(records)
         staged.done.add_done_callback(_retrieved)  # a call may wait on a later one instead
         if self.failure is not None:
             staged.done.set_exception(self.failure)
@@ -128,7 +128,7 @@ class GroupCommit:
             self.seconds += time.perf_counter() - began
             at = 0
             for staged in batch:
-                n = len(staged.events)
+                n = len(staged.records)
                 if not staged.done.done():
                     staged.done.set_result(metas[at : at + n])
                 at += n
@@ -138,7 +138,7 @@ class GroupCommit:
         try:
             async with self._producer.transaction():
                 for staged in batch:
-                    for record in staged.events:
+                    for record in staged.records:
                         sends.append(await self._publisher.send_prepared(record))
             return [await f for f in sends]
         except BaseException:

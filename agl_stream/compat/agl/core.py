@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +52,7 @@ from agl_stream.bus.topic_admin import ensure_topics_ready
 from agl_stream.compat.agl.commit import GroupCommit
 from agl_stream.compat.agl.live import (
     KEPT,
+    Commit,
     Kept,
     Live,
     Position,
@@ -128,13 +129,13 @@ class ProjectionWatch:
     async def offsets(self, offsets: Mapping[Position, int], within: float) -> bool:
         """Wait until the projection holds each (topic, partition) record at or past the
         offset; False when `within` seconds pass first."""
-        if projected_past(dict(offsets), self.projected):
+        if projected_past(offsets, self.projected):
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while True:
             woken = self._woken  # taken before reading: no commit goes unnoticed
-            if projected_past(dict(offsets), await self.refresh()):
+            if projected_past(offsets, await self.refresh()):
                 return True
             left = deadline - loop.time()
             if left <= 0:
@@ -170,7 +171,7 @@ class Core:
         self._watch: ProjectionWatch | None = None
         self._projector: ProjectorProcess | None = None
         self._evicting: asyncio.Task[None] | None = None
-        self._seen: list[Awaitable[object]] = []  # the commits the current call depends on
+        self._seen: list[Commit] = []  # the commits the current call depends on
         self.fenced: StoreFenced | None = None
 
     @property
@@ -394,10 +395,10 @@ class Core:
 
     def stage(
         self, records: Sequence[AnyRecord], spans: Sequence[SpanRecorded] = ()
-    ) -> tuple[list[AnyRecord], asyncio.Future[list[RecordMetadata]]]:
+    ) -> list[AnyRecord]:
         """The records' next revisions into memory and, with the spans, into the next
-        transaction (under the lock). Returns the records as written and the future of
-        their commit."""
+        transaction (under the lock); the call waits for its commit through `answered`.
+        Returns the records as written."""
         now = datetime.now(UTC)
         written = [_next_revision(r, now.timestamp()) for r in records]
         # Encoded and checked before anything changes: one call's bad record fails that call,
@@ -424,7 +425,7 @@ class Core:
         done.add_done_callback(lambda f: self._committed(f, holders))
         if self.live.over() and self._evicting is None:
             self._evicting = asyncio.create_task(self._evict(), name="agl-store-forget")
-        return written, done
+        return written
 
     def _committed(self, done: asyncio.Future[list[RecordMetadata]], holders: list[Holder]) -> None:
         metas = None if done.cancelled() or done.exception() else done.result()
@@ -451,16 +452,16 @@ class Core:
         if holder.pending is not None:
             self._seen.append(holder.pending)
 
-    def answered(self) -> Awaitable[object] | None:
+    def answered(self) -> Commit | None:
         """What the call must wait for before it answers (taken as it leaves the lock): the
         commits of the writes it staged and of those it read, not yet committed. Commits are
         in order, so the last one is enough."""
-        waiting = [f for f in self._seen if not (isinstance(f, asyncio.Future) and f.done())]
+        waiting = [f for f in self._seen if not f.done()]
         self._seen = []
         return waiting[-1] if waiting else None
 
     @staticmethod
-    async def committed(answered: Awaitable[object] | None) -> None:
+    async def committed(answered: Commit | None) -> None:
         """Wait for `answered` (raise its failure); a cancelled caller leaves it running."""
         if answered is not None:
             await asyncio.shield(answered)

@@ -18,9 +18,11 @@ then answers for it exactly as the fold would.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentlightning.types import AttemptedRollout, Rollout
 
@@ -35,6 +37,7 @@ from agl_stream.compat.agl.records import (
 
 Position = tuple[str, int]  # (topic, partition)
 Offsets = dict[Position, int]
+Commit = asyncio.Future[Any]  # a staged write's commit (commit.GroupCommit)
 # Rollouts and resources versions kept in memory before finished ones are forgotten.
 KEPT = 20_000
 
@@ -55,7 +58,7 @@ class RolloutState:
     sequence_floor: int | None = None  # the highest sequence id handed out or seen
     written: Offsets = field(default_factory=dict)  # the last committed write of each place
     in_flight: int = 0  # writes staged and not yet committed
-    pending: Awaitable[object] | None = None  # the commit of the last write staged
+    pending: Commit | None = None  # the commit of the last write staged
 
     @property
     def rollout(self) -> Rollout:
@@ -82,7 +85,7 @@ class Kept:
     record: WorkerRecord | ResourcesRecord
     written: Offsets = field(default_factory=dict)
     in_flight: int = 0
-    pending: Awaitable[object] | None = None
+    pending: Commit | None = None
 
 
 def committed(state: RolloutState | Kept, offsets: Mapping[Position, int]) -> None:
@@ -92,7 +95,7 @@ def committed(state: RolloutState | Kept, offsets: Mapping[Position, int]) -> No
     state.in_flight -= 1
 
 
-def projected_past(written: Offsets, projected: Mapping[Position, int]) -> bool:
+def projected_past(written: Mapping[Position, int], projected: Mapping[Position, int]) -> bool:
     """Whether the projection (next offsets to apply) holds every write in `written`."""
     return all(projected.get(place, 0) > offset for place, offset in written.items())
 

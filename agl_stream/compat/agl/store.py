@@ -702,7 +702,7 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
                 core, rollout_id, f"Item rollout_id={rollout_id!r} does not exist in the store"
             )
             new = logic.updated_rollout(state.record, time.time(), dict(given))
-            (written,), _ = core.stage([new])
+            (written,) = core.stage([new])
             assert isinstance(written, RolloutRecord)
             return written.rollout
 
