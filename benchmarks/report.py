@@ -94,7 +94,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Serving", ["gateway", "gateway_by_hand", "vllm_serving", "vllm_scheduler", "demo_engines"]),
     ("Operations", ["embedded_stack", "metrics_cost", "export_memory"]),
     ("Agent Lightning's store", ["agl_store", "agl_store_tests", "agl_client"]),
-    ("Reliability", ["chaos", "soak"]),
+    ("Reliability", ["chaos", "soak", "faults"]),
     ("Tests", ["test_durations"]),
 ]  # fmt: skip
 

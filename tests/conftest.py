@@ -69,6 +69,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the default) or long (50: make store-kill).",
     )
     parser.addoption(
+        "--faults-size",
+        choices=("ci", "long"),
+        default="ci",
+        help="How hard the fault tests push: ci (PostgreSQL killed twice and down 10 s, "
+        "the default) or long (killed 10 times and down 2 minutes: make faults).",
+    )
+    parser.addoption(
         "--store-kill-seed",
         type=int,
         default=1,

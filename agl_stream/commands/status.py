@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
-from agl_stream.bus.kafka import admin_client, end_offsets, started
+from agl_stream.bus.kafka import admin_client, consumer, end_offsets
+from agl_stream.bus.roles import load_roles
 from agl_stream.bus.topic_spec import load_topic_specs
 from agl_stream.db.migrate import head_revision
 from agl_stream.db.problems import database_problem
@@ -155,13 +156,25 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         described = await admin.describe_topics(present) if present else []
         groups = await admin.list_consumer_groups()
         # Enqueue markers (agl_stream/commands/enqueue.py) are groups no consumer is in: not listed.
-        group_ids = sorted(g[0] for g in groups if not is_enqueue_marker(g[0]))
+        candidates = sorted(g[0] for g in groups if not is_enqueue_marker(g[0]))
+        # This deployment's groups: its roles' (even before they commit) and any other that
+        # committed on its topics; a cluster shared by other prefixes lists many more. One
+        # offset fetch a group on the admin's connection (a consumer a group took seconds).
+        on = set(present)
+        ours = {spec.group_id(kafka.topic_prefix) for spec in load_roles().values()}
+        commits: dict[str, dict[TopicPartition, int]] = {}
+        for group_id in candidates:
+            fetched = await admin.list_consumer_group_offsets(group_id)
+            mine = {tp: o.offset for tp, o in fetched.items() if tp.topic in on and o.offset >= 0}
+            if mine or group_id in ours:
+                commits[group_id] = mine
         # One group per request: aiokafka 0.14 misreads a DescribeGroups answer from Kafka
         # 4 that holds several groups (the second is read from the wrong offset).
-        descriptions = [await admin.describe_consumer_groups([g]) for g in group_ids]
+        descriptions = [await admin.describe_consumer_groups([g]) for g in commits]
     partitions = {t["topic"]: len(t["partitions"]) for t in described}
     tps = [TopicPartition(name, p) for name, n in partitions.items() for p in range(n)]
     ends = await end_offsets(kafka, tps)
+    starts = await _beginning_offsets(kafka, tps) if commits and tps else {}
     for name in present:
         offsets = tuple(ends.get(TopicPartition(name, p), 0) for p in range(partitions[name]))
         report.topics.append(TopicStatus(name, partitions[name], offsets))
@@ -170,8 +183,8 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         for response in responses:
             for group in response.groups:
                 states[group[1]] = (group[2], len(group[5]))
-    for group_id in group_ids:
-        lag = await _group_lag(kafka, group_id, tps, ends)
+    for group_id, committed in commits.items():
+        lag = group_lag({tp: committed.get(tp) for tp in tps}, starts, ends)
         state, members = states.get(group_id, ("unknown", 0))
         report.groups.append(GroupStatus(group_id, state, members, lag))
 
@@ -182,18 +195,12 @@ def is_enqueue_marker(group_id: str) -> bool:
     return bool(found) and len(digest) == 16 and all(c in "0123456789abcdef" for c in digest)
 
 
-async def _group_lag(
-    kafka: KafkaSettings, group_id: str, tps: list[TopicPartition], ends: dict[TopicPartition, int]
-) -> dict[str, int]:
-    # A consumer that never subscribes does not join the group: it only reads its offsets.
-    client = AIOKafkaConsumer(group_id=group_id, enable_auto_commit=False, **kafka.client_options())
-    await started(client)
-    try:
-        committed = {tp: await client.committed(tp) for tp in tps}
-        starts = await client.beginning_offsets(tps) if tps else {}
-    finally:
-        await client.stop()
-    return group_lag(committed, starts, ends)
+async def _beginning_offsets(
+    kafka: KafkaSettings, tps: list[TopicPartition]
+) -> dict[TopicPartition, int]:
+    async with consumer(kafka) as client:
+        starts: dict[TopicPartition, int] = await client.beginning_offsets(tps)
+        return starts
 
 
 def group_lag(

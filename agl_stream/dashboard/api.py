@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from agl_stream.bus.codec import Codec, DecodeError
 from agl_stream.bus.dead_letters import DeadLetterView
 from agl_stream.dashboard.runs import runs_from_versions
+from agl_stream.db.outage import reason, unavailable
 from agl_stream.events.ids import require_id
 from agl_stream.queries import NotFound, QueryError, ReadModel
 from agl_stream.queries.dead_letters import read_dead_letters
@@ -73,7 +74,7 @@ def rollout_id_of(request: web.Request) -> str:
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Errors of the request's making as JSON with the reason: 400 for a bad parameter, 404
-    for something that is not there."""
+    for something that is not there; 503 while the broker or PostgreSQL is away."""
     try:
         return await handler(request)
     except NotFound as exc:  # before QueryError, of which it is a kind
@@ -84,6 +85,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(503, f"cannot reach the Kafka brokers: {exc}")
     except KafkaError as exc:
         return error(503, f"the broker refused: {exc}")
+    except Exception as exc:
+        if not unavailable(exc):
+            raise
+        return error(503, f"PostgreSQL is not answering now, try again: {reason(exc)}")
 
 
 def _only(request: web.Request, allowed: frozenset[str] | set[str]) -> None:

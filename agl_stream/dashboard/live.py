@@ -31,7 +31,7 @@ class Changes:
 
     async def start(self) -> None:
         self._listener = asyncio.create_task(
-            restarting(self._listen, "the dashboard's LISTEN connection"), name="listen"
+            restarting(self._listen, "the dashboard's LISTEN connection", cap=5.0), name="listen"
         )
 
     def close_pages(self) -> None:

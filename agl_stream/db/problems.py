@@ -24,6 +24,7 @@ _ADVICE = {
     "42501": "the user lacks a privilege: grant it, or use the user that ran " + UPGRADE,
     "57P03": "PostgreSQL is starting or stopping: try again in a moment",
     "53300": "PostgreSQL has no connection left: close some or raise max_connections",
+    "53100": "PostgreSQL's disk is full: free space or grow its volume",
 }
 
 
@@ -32,7 +33,9 @@ def database_problem(exc: BaseException) -> str | None:
     when `exc` did not come from PostgreSQL."""
     refused = _postgres_error(exc)
     if refused is not None:
-        message = str(refused).strip().rstrip(".") or type(refused).__name__
+        # (asyncpg's text adds the server's DETAIL and HINT lines: the first line says it)
+        first = str(refused).strip().split("\n", 1)[0]
+        message = first.rstrip(".") or type(refused).__name__
         advice = _ADVICE.get(getattr(refused, "sqlstate", "") or "")
         return f"{message}: {advice}" if advice else f"PostgreSQL refused: {message}"
     if isinstance(exc, OSError) and _raised_in_asyncpg(exc):

@@ -31,6 +31,7 @@ from agl_stream.bus.kafka import consumer, producer
 from agl_stream.bus.roles import role
 from agl_stream.bus.streams import DLQ_TOPIC, Batch, EventPublisher, EventStream, Topics
 from agl_stream.bus.topic_admin import ensure_topics_ready
+from agl_stream.db.outage import Outage, riding_out, unavailable
 from agl_stream.events import WorkerHeartbeat, WorkerRole, WorkerStatus
 from agl_stream.projection.apply import (
     CONVERTERS,
@@ -86,13 +87,25 @@ class Projector:
         self._lock = asyncio.Lock()  # one transaction at a time (rebalance vs loop)
         self._group_offsets: dict[TopicPartition, int] = {}
         self._group_committed_at = 0.0
+        self._outage = Outage(f"the projector {config.worker_id}")
         self.metrics = WorkerMetrics(
             "projector", lambda: {**self.counts, "lag": self.lag()}, self.partition_lag
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Project until `stop`; PostgreSQL going away (killed, restarted, down for minutes)
+        is waited out: the projector reconnects with backoff and starts over from the offsets
+        the database holds, so nothing is lost or applied twice."""
         await ensure_topics_ready(self.kafka, PROJECTED_TOPICS)
-        conn = await connect(self.database.asyncpg_dsn)
+        await riding_out(lambda: self._run(stop), self._outage.what, self._outage)
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        try:
+            conn = await connect(self.database.asyncpg_dsn)
+        except Exception as exc:
+            if unavailable(exc):
+                self.counts["database_retries"] += 1
+            raise
         try:
             schema = await active_read_model(conn)
             async with (
@@ -124,9 +137,18 @@ class Projector:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await beats
-                    await self._heartbeat(publisher, WorkerStatus.STOPPED)
+                    if stop.is_set():
+                        await self._heartbeat(publisher, WorkerStatus.STOPPED)
+        except Exception as exc:
+            if unavailable(exc):
+                self.counts["database_outages"] += 1
+            raise
         finally:
-            await conn.close()
+            self._projection = None
+            # A connection PostgreSQL dropped may not answer a polite close.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+            conn.terminate()
 
     def _letters_to(self, prod: AIOKafkaProducer) -> DeadLetterSink:
         """Dead letters of records the projection refuses (rewards that do not count, records
@@ -183,6 +205,7 @@ class Projector:
             })  # fmt: skip
             if isinstance(outcome, Applied):
                 span.set_attributes({"agl.events": outcome.events, "agl.spans": outcome.spans})
+        self._outage.back()  # a transaction went through (a read alone may, with a full disk)
         if isinstance(outcome, Applied):
             self.metrics.observe(
                 "batch", time.monotonic() - began, "One batch's transaction in PostgreSQL."

@@ -83,7 +83,8 @@ class ReadModel:
     async def open(
         cls, database: DatabaseSettings, read_model: str | None = None
     ) -> AsyncIterator[ReadModel]:
-        engine = async_engine(database, pool_size=2, max_overflow=4)
+        # pre-ping: a pooled connection PostgreSQL dropped (a restart) is replaced, not used.
+        engine = async_engine(database, pool_size=2, max_overflow=4, pool_pre_ping=True)
         try:
             async with engine.connect() as conn:
                 schema = await _resolve(conn, read_model)

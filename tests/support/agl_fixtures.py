@@ -55,8 +55,11 @@ class Place:
 
 
 @contextlib.asynccontextmanager
-async def fresh_place(backend: Backend) -> AsyncIterator[Place]:
-    """Topics of their own and a database of its own, removed afterwards."""
+async def fresh_place(
+    backend: Backend, database: DatabaseSettings | None = None
+) -> AsyncIterator[Place]:
+    """Topics of their own and a database of its own, removed afterwards (`database`: one of
+    the caller's instead, migrated here and left to the caller)."""
     unique = uuid.uuid4().hex[:10]
     kafka = load(
         KafkaSettings,
@@ -66,16 +69,18 @@ async def fresh_place(backend: Backend) -> AsyncIterator[Place]:
     )
     await apply_topics(kafka)
     base = load(DatabaseSettings, database_url=backend.database_url)
-    database = base.with_database(f"test_{unique}")
+    own = database is None
+    database = base.with_database(f"test_{unique}") if database is None else database
     await migrate(database)
     try:
         yield Place(kafka, database)
     finally:
-        conn = await asyncpg.connect(base.with_database("postgres").asyncpg_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "test_{unique}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        if own:
+            conn = await asyncpg.connect(base.with_database("postgres").asyncpg_dsn)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "test_{unique}" WITH (FORCE)')
+            finally:
+                await conn.close()
         async with admin_client(kafka) as admin:
             names = [t for t in await admin.list_topics() if t.startswith(kafka.topic_prefix)]
             with contextlib.suppress(Exception):  # cleanup is best effort

@@ -10,12 +10,13 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from agl_stream.bus.kafka import end_offsets
-from agl_stream.bus.streams import Topics
+from agl_stream.bus.kafka import end_offsets, producer
+from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.projection.projector import PROJECTED_TOPICS, Projector, ProjectorConfig
 from agl_stream.projection.replay import ReplayLimits, replay
 from agl_stream.queries import ReadModel
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
+from tests.support.traffic import Traffic
 
 
 @asynccontextmanager
@@ -103,3 +104,14 @@ async def assert_equals_replay(kafka: KafkaSettings, database: DatabaseSettings)
     """The replay gives the same answers to every query."""
     differ, again = await replay_differences(kafka, database)
     assert len(again) > 2 and differ == [], differ[:5]
+
+
+async def publish_slowly(
+    kafka: KafkaSettings, sent: Traffic, chunk: int = 150, pause: float = 0.05
+) -> None:
+    async with producer(kafka, linger_ms=5) as prod:
+        publisher = EventPublisher(prod, Topics(kafka))
+        for start in range(0, len(sent), chunk):
+            futures = [await publisher.send(t, e) for t, e in sent[start : start + chunk]]
+            await asyncio.gather(*futures)
+            await asyncio.sleep(pause)

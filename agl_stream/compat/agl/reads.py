@@ -18,6 +18,8 @@ from typing import Any, Literal
 import asyncpg
 from pydantic import BaseModel
 
+from agl_stream.db.outage import DatabaseUnavailable, reason, unavailable
+
 Logic = Literal["and", "or"]
 
 
@@ -174,8 +176,15 @@ class Reads:
                         "text with a NUL character (U+0000) cannot be looked for: the read "
                         "model holds none"
                     )
-        async with self.pool.acquire() as conn:
-            return list(await conn.fetch(query, *params))
+        try:
+            async with self.pool.acquire() as conn:
+                return list(await conn.fetch(query, *params))
+        except Exception as exc:
+            if unavailable(exc):  # the caller may try again (HTTP 503)
+                raise DatabaseUnavailable(
+                    f"the store's read model is out of reach: {reason(exc)}"
+                ) from exc
+            raise
 
     async def record(self, kind: str, record_id: str, rollout_id: str = "") -> Stored | None:
         rows = await self.fetch(

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from agl_stream.compat.agl.core import StoreFenced
 from agl_stream.compat.agl.guard import StoreGuard
 from agl_stream.compat.agl.store import AglStreamStore
+from agl_stream.db.outage import DatabaseUnavailable
 from agl_stream.runtime.auth import TOKEN_VARIABLE
 from agl_stream.runtime.http_errors import ERROR_ID_HEADER, unexpected
 
@@ -67,6 +68,7 @@ def store_server(
         )
 
     async def fenced(_: Request, exc: Exception) -> JSONResponse:
+        # (also PostgreSQL away: the store answers what its memory holds, and 503 the rest)
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
     async def too_large(_: Request, exc: Exception) -> JSONResponse:
@@ -79,6 +81,7 @@ def store_server(
     server.app.add_exception_handler(ValueError, refused)
     server.app.add_exception_handler(TypeError, refused)
     server.app.add_exception_handler(StoreFenced, fenced)
+    server.app.add_exception_handler(DatabaseUnavailable, fenced)  # a 503 too: try again
     server.app.add_exception_handler(MessageSizeTooLargeError, too_large)
     server.app.add_exception_handler(ResponseValidationError, _not_found)
     if token is not None:

@@ -45,7 +45,8 @@ from tests.integration.compat.test_agl_server import free_port
 from tests.support import ROOT
 from tests.support.agl_fixtures import Place, fresh_place, otel_span
 from tests.support.backends import Backend
-from tests.support.helpers import eventually
+from tests.support.helpers import eventually, traversable
+from tests.support.postgres_faults import KillablePostgres
 
 from agentlightning.store.client_server import LightningStoreClient  # isort: skip
 from agentlightning.types import (  # isort: skip  (after agl_stream.compat.agl)
@@ -209,6 +210,10 @@ class Ledger:
     # The rollouts enqueued and not handed out, as far as the answers tell (the algorithm
     # keeps the queue short by it); read again after each restart.
     queued: set[str] = field(default_factory=set)
+    # While PostgreSQL is away, a call that needs the read model is answered 503 (try again):
+    # an unknown outcome, like a cut call, counted here; any other error status is a problem.
+    database_away: bool = False
+    deferred: Counter[str] = field(default_factory=Counter)
 
     async def call(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
         """The answer to a call made while a store process serves; Unanswered when a kill cut
@@ -218,6 +223,10 @@ class Ledger:
         try:
             answer = await make()
         except aiohttp.ClientResponseError as exc:
+            if exc.status == 503 and self.database_away:
+                self.deferred[what] += 1
+                await asyncio.sleep(0.2)
+                raise Unanswered(what) from None
             self.problems.append(
                 f"{what}: HTTP {exc.status} {exc.message}, before kill {kills + 1}"
             )
@@ -646,3 +655,83 @@ async def test_a_store_killed_under_load_keeps_every_answer(
     assert sum(ledger.cut.values()) > 0, f"no kill cut a call: {summary}"
     busy = len(ledger.spans) >= 20 and len(ledger.finished) >= 10
     assert busy, f"too little load to mean much: {summary}"
+
+
+@dataclass(frozen=True)
+class DatabaseFaults:
+    kills: int
+    down_seconds: float
+
+
+DATABASE_FAULTS = {
+    "ci": DatabaseFaults(kills=2, down_seconds=10),
+    "long": DatabaseFaults(kills=10, down_seconds=120),
+}
+
+
+async def test_postgres_killed_and_down_under_the_store_keeps_every_answer(
+    embedded_backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same load and checks, with PostgreSQL (the store's own, private to this test)
+    killed with SIGKILL several times and then down a while, instead of the store: the store
+    process never exits, answers from its memory meanwhile (503 for what needs the read
+    model), and a store started afterwards on the same topics and database, built from the
+    read model alone, holds every answer."""
+    faults = DATABASE_FAULTS[str(request.config.getoption("--faults-size"))]
+    rng = random.Random(37)
+    ledger = Ledger(database_away=True)
+    pg = KillablePostgres(traversable(tmp_path / "pg"))
+    pg.start()
+    try:
+        async with (
+            fresh_place(embedded_backend, pg.settings) as place,
+            StoreProcesses.forked(place, tmp_path) as stores,
+        ):
+            await stores.start()
+            load = Load(stores.url, ledger, 37)
+            ledger.up.set()
+            workers = [asyncio.create_task(load.algorithm())]
+            workers += [asyncio.create_task(load.runner(i)) for i in range(RUNNERS)]
+            try:
+                for _ in range(faults.kills):
+                    await asyncio.sleep(rng.uniform(1.0, 3.0))
+                    await pg.kill()
+                    await asyncio.sleep(rng.uniform(0.0, 1.0))
+                    await pg.restart()
+                    assert await stores.ask("poll") == "running", stores.tail()
+                await asyncio.sleep(2.0)
+                await pg.kill()
+                before = sum(ledger.answered.values())
+                await asyncio.sleep(faults.down_seconds)
+                while_down = sum(ledger.answered.values()) - before
+                assert await stores.ask("poll") == "running", stores.tail()
+                await pg.restart()
+                await asyncio.sleep(3.0)
+            finally:
+                load.stop.set()
+                await asyncio.wait_for(asyncio.gather(*workers), 120)
+            # A new store process holds only what reached the read model: every answer.
+            ledger.kills += 1
+            await stores.kill()
+            await stores.start()
+            timeout = aiohttp.ClientTimeout(total=CALL_SECONDS)
+            async with aiohttp.ClientSession(timeout=timeout) as http:
+                while drained := await dequeue(http, stores.url, 10, "drain"):
+                    ledger.claimed(drained, "drain")
+            stored = await read_rollouts(stores.url, ledger)
+            spans = await read_spans(stores.url, ledger)
+            await stores.kill()
+    finally:
+        await asyncio.to_thread(pg.stop)
+    problems = [f"{p} (at the end)" for _, p in rollout_problems(ledger, stored, drained=True)]
+    problems += sequence_problems(ledger) + span_problems(ledger, spans) + ledger.problems
+    summary = (
+        f"PostgreSQL killed {faults.kills} times, then down {faults.down_seconds:g} s: "
+        f"{len(ledger.enqueued)} rollouts enqueued, {len(ledger.claims)} handed out, "
+        f"{len(ledger.spans)} spans, {len(ledger.finished)} attempts finished; {while_down} "
+        f"calls answered while it was down; answered 503: {dict(ledger.deferred)}"
+    )
+    print(summary)
+    assert not problems, f"{len(problems)} problems ({summary}):\n" + "\n".join(problems[:60])
+    assert while_down > 0, f"the store answered nothing while PostgreSQL was down: {summary}"
+    assert len(ledger.spans) >= 20 and len(ledger.finished) >= 10, f"too little load: {summary}"

@@ -11,8 +11,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from aiokafka import TopicPartition
+
 from agl_stream.bus.codec import Codec
-from agl_stream.bus.kafka import producer
+from agl_stream.bus.kafka import consumer, producer
 from agl_stream.bus.streams import EVENT_TYPE_HEADER, Topics
 from agl_stream.events import (
     AttemptFinished,
@@ -156,7 +158,17 @@ async def test_lag_and_status_show_partitions_the_projection_never_took(
     assert [(p["topic"], p["next_offset"], p["lag"]) for p in behind] == [
         (f"{kafka.topic_prefix}tasks", 0, 1)
     ]
+    # A group that committed on this deployment's topics is listed; groups of other
+    # deployments on the shared broker (every other test's) are not.
+    tasks = TopicPartition(f"{kafka.topic_prefix}tasks", 0)
+    async with consumer(kafka, group_id=f"{kafka.topic_prefix}reader") as reader:
+        reader.assign([tasks])
+        await reader.commit({tasks: 0})
     status = await invoke_cli(*where, "status")
     assert status.exit_code == 0, status.output  # none is running: nothing is stuck
     assert "projection (the read model)" in status.output
     assert "1 records wait for a projector: none is running." in status.output
+    report = json.loads((await invoke_cli(*where, "status", "--json")).output)
+    assert [(g["group"], g["lag"]) for g in report["groups"]] == [
+        (f"{kafka.topic_prefix}reader", {f"{kafka.topic_prefix}tasks": 1})
+    ]

@@ -10,8 +10,6 @@ import signal
 
 import pytest
 
-from agl_stream.bus.kafka import producer
-from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.projection.replay import replay
 from agl_stream.queries import ReadModel
@@ -23,21 +21,11 @@ from tests.support.projection import (
     dump,
     ends,
     projector_process,
+    publish_slowly,
 )
 from tests.support.traffic import Traffic, traffic
 
 pytestmark = pytest.mark.slow
-
-
-async def publish_slowly(
-    kafka: KafkaSettings, sent: Traffic, chunk: int = 150, pause: float = 0.05
-) -> None:
-    async with producer(kafka, linger_ms=5) as prod:
-        publisher = EventPublisher(prod, Topics(kafka))
-        for start in range(0, len(sent), chunk):
-            futures = [await publisher.send(t, e) for t, e in sent[start : start + chunk]]
-            await asyncio.gather(*futures)
-            await asyncio.sleep(pause)
 
 
 async def kill_repeatedly(
