@@ -95,7 +95,7 @@ fuzz: $(STAMP)  ## generated records (valid, hostile, garbage) on every topic wi
 store-kill: $(STAMP)  ## `agl-stream store` killed with SIGKILL under load and started again, long setting (50 kills, ~12 minutes)
 	$(BIN)/python -m pytest tests/integration/compat/test_agl_store_kill.py --store-kill-size long
 
-faults: $(STAMP)  ## PostgreSQL killed 10 times and down 2 minutes under the projector, the dashboard and the store (~10 minutes)
+faults: $(STAMP)  ## PostgreSQL killed 10 times, down 2 minutes and full 2 minutes under the projector, the dashboard and the store; the broker's disk full (~12 minutes)
 	$(BIN)/python -m pytest -s --faults-size long tests/integration/faults \
 	    tests/integration/compat/test_agl_store_kill.py::test_postgres_killed_and_down_under_the_store_keeps_every_answer
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -51,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agl_stream.agent import Rollout, emit_message, rollout
-from agl_stream.bus.kafka import admin_client, end_offsets, producer
+from agl_stream.bus.kafka import admin_client, end_offsets, producer, retrying
 from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.commands.enqueue import RolloutOptions, make_rollout
 from agl_stream.db.migrate import migrate
@@ -177,7 +178,11 @@ async def group_lag(kafka: KafkaSettings, groups: dict[str, list[str]]) -> dict[
                 for n in names
                 for p in range(topics.specs[n].partitions)
             ]
-            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+            # (a group the broker is still loading answers "no coordinator" for a moment)
+            committed = await retrying(
+                functools.partial(admin.list_consumer_group_offsets, group, partitions=tps),
+                f"reading the offsets of {group}",
+            )
             ends = await end_offsets(kafka, tps)
             out[group] = sum(
                 max(0, ends[tp] - max(committed[tp].offset, 0)) if tp in committed else ends[tp]

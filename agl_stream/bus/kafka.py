@@ -141,8 +141,45 @@ async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKa
     await started(client, settings)
     try:
         yield client
-    finally:
-        await client.stop()
+    except BaseException:
+        await stop_within(client, STOP_AFTER_FAILURE_SECONDS)
+        raise
+    await client.stop()
+
+
+# An idempotent producer retries a batch the broker did not acknowledge without end (aiokafka
+# never expires them), and its stop() waits for them: with the broker gone (killed, its disk
+# full) a one-shot command would hang. Writers that must answer bound the wait instead.
+STOP_AFTER_FAILURE_SECONDS = 5.0
+
+
+def acknowledgement_seconds(settings: KafkaSettings) -> float:
+    """How long a one-shot writer waits for the brokers to acknowledge what it sent: two
+    request timeouts (a broker that restarts is back well within it)."""
+    return 2 * settings.request_timeout_ms / 1000
+
+
+async def acknowledged(work: Awaitable[T], settings: KafkaSettings, what: str = "the records") -> T:
+    """`work` (sends to wait for, a commit), or KafkaConnectionError with a sentence when the
+    brokers do not acknowledge it within acknowledgement_seconds."""
+    within = acknowledgement_seconds(settings)
+    try:
+        return await asyncio.wait_for(work, within)
+    except TimeoutError:
+        raise KafkaConnectionError(
+            f"no broker acknowledged {what} within {within:g} s (is a broker down, or its "
+            "disk full?); whether they were written is unknown"
+        ) from None
+
+
+async def stop_within(client: AIOKafkaProducer | AIOKafkaConsumer, seconds: float) -> None:
+    """Stop a client after a failure, giving up on what it still holds after `seconds`."""
+    try:
+        await asyncio.wait_for(client.stop(), seconds)
+    except TimeoutError:
+        log.warning("a Kafka client still held unacknowledged records after %g s: dropped", seconds)
+    except Exception as exc:  # noqa: BLE001 - the failure being raised matters, not this one
+        log.warning("a Kafka client did not stop cleanly: %r", exc)
 
 
 @asynccontextmanager

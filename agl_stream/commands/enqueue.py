@@ -17,7 +17,15 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
-from agl_stream.bus.kafka import admin_client, producer, retrying, started
+from agl_stream.bus.kafka import (
+    STOP_AFTER_FAILURE_SECONDS,
+    acknowledged,
+    admin_client,
+    producer,
+    retrying,
+    started,
+    stop_within,
+)
 from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.events import AttemptStatus, RolloutMode, RolloutQueued
 from agl_stream.runtime.config import KafkaSettings
@@ -164,7 +172,8 @@ async def _queue_fresh(
         publisher = EventPublisher(client, Topics(kafka))
         for start in range(0, len(events), CHUNK):
             chunk = events[start : start + CHUNK]
-            await asyncio.gather(*[await publisher.send("tasks", e) for e in chunk])
+            sent = [await publisher.send("tasks", e) for e in chunk]
+            await acknowledged(asyncio.gather(*sent), kafka, f"{len(chunk)} rollouts")
             if on_sent is not None:
                 on_sent(len(chunk))
     return [e.rollout_id for e in events]
@@ -204,13 +213,16 @@ async def _queue_keyed(
             sent = [await publisher.send("tasks", event) for event in chunk]
             note = json.dumps({"total": len(events), "digest": digest})
             progress = OffsetAndMetadata(start + len(chunk), note)
-            await client.send_offsets_to_transaction({marker: progress}, group)
-            await asyncio.gather(*sent)
-            await client.commit_transaction()
+            marked = client.send_offsets_to_transaction({marker: progress}, group)
+            await acknowledged(marked, kafka, "the queue's progress")
+            await acknowledged(asyncio.gather(*sent), kafka, f"{len(chunk)} rollouts")
+            await acknowledged(client.commit_transaction(), kafka, "the transaction's commit")
             if on_sent is not None:
                 on_sent(len(chunk))
-    finally:
-        await client.stop()
+    except BaseException:
+        await stop_within(client, STOP_AFTER_FAILURE_SECONDS)
+        raise
+    await client.stop()
     return Enqueued([e.rollout_id for e in events], len(events) - done)
 
 

@@ -5,13 +5,14 @@ partition a running projector does not move is a fault: `healthy` is false)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from aiokafka import TopicPartition
 
-from agl_stream.bus.kafka import admin_client, consumer, end_offsets
+from agl_stream.bus.kafka import admin_client, consumer, end_offsets, retrying
 from agl_stream.bus.roles import load_roles
 from agl_stream.bus.topic_spec import load_topic_specs
 from agl_stream.db.migrate import head_revision
@@ -164,7 +165,12 @@ async def _broker(kafka: KafkaSettings, report: StatusReport, embedded: str | No
         ours = {spec.group_id(kafka.topic_prefix) for spec in load_roles().values()}
         commits: dict[str, dict[TopicPartition, int]] = {}
         for group_id in candidates:
-            fetched = await admin.list_consumer_group_offsets(group_id)
+            # (a group the broker is still loading answers "no coordinator" for a moment)
+            fetched = await retrying(
+                functools.partial(admin.list_consumer_group_offsets, group_id),
+                f"reading the offsets of {group_id}",
+                within=15.0,
+            )
             mine = {tp: o.offset for tp, o in fetched.items() if tp.topic in on and o.offset >= 0}
             if mine or group_id in ours:
                 commits[group_id] = mine

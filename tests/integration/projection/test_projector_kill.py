@@ -86,8 +86,8 @@ async def test_every_event_delivered_twice(
 async def test_two_projectors_share_the_work_and_survive_a_kill(
     kafka: KafkaSettings, database: DatabaseSettings
 ) -> None:
-    sent = traffic(seed=13, rollouts=300)
-    # Slowly enough (~25 s) that both are in the group while records still arrive: one that
+    sent = traffic(seed=13, rollouts=200)
+    # Slowly enough (~17 s) that both are in the group while records still arrive: one that
     # joins after the other has drained every partition would have nothing to do.
     publishing = asyncio.create_task(publish_slowly(kafka, sent, chunk=40, pause=0.5))
     pair = [await projector_process(kafka, database, f"pair-{i}", batch_size=200) for i in range(2)]

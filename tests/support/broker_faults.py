@@ -1,0 +1,75 @@
+"""A private embedded stack (one Kafka node and PostgreSQL, ports of its own) whose Kafka node
+keeps its log on a small disk of its own (a tmpfs: root only), which a test can fill."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from agl_stream.embedded.process import free_port
+from agl_stream.embedded.stack import EmbeddedStack, StackState
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
+from tests.support.postgres_faults import DiskUnavailable
+
+
+class SmallDiskStack:
+    def __init__(self, home: Path, disk_mb: int) -> None:
+        self.home = home
+        self.disk_mb = disk_mb
+        settings = load(
+            StackSettings, home=home, broker_port=free_port(), postgres_port=free_port()
+        )
+        self.stack = EmbeddedStack(settings)
+        self._mounted = False
+
+    @property
+    def disk(self) -> Path:
+        return self.home / "kafka" / "node-1"
+
+    def up(self) -> StackState:
+        """Start it; the first time, the node's formatted log directory moves onto a tmpfs."""
+        if not self._mounted:
+            self.stack.up()
+            self.stack.down()
+            formatted = self.home / "node-1.formatted"
+            shutil.move(self.disk, formatted)
+            self.disk.mkdir()
+            mounted = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={self.disk_mb}m", "tmpfs", str(self.disk)],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if mounted.returncode != 0:
+                raise DiskUnavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+            self._mounted = True
+            subprocess.run(["cp", "-a", f"{formatted}/.", str(self.disk)], check=True)
+        return self.stack.up()
+
+    def settings(self, **kafka: object) -> tuple[KafkaSettings, DatabaseSettings]:
+        state = self.stack.running()
+        assert state is not None, "the stack is not running"
+        return (
+            load(KafkaSettings, bootstrap_servers=state.bootstrap_servers, **kafka),
+            load(DatabaseSettings, database_url=state.database_url),
+        )
+
+    def broker_running(self) -> bool:
+        state = self.stack.state()
+        return state is not None and all(n.running() for n in state.nodes)
+
+    def fill(self, leave_bytes: int) -> None:
+        free = shutil.disk_usage(self.disk).free
+        with (self.disk / "filler").open("wb") as out:
+            left = free - leave_bytes
+            while left > 0:
+                out.write(bytes(min(left, 1 << 20)))
+                left -= 1 << 20
+
+    def free(self) -> None:
+        (self.disk / "filler").unlink(missing_ok=True)
+
+    def down(self) -> None:
+        self.stack.down()
+        if self._mounted:
+            subprocess.run(["umount", "--lazy", str(self.disk)], check=False)
+            self._mounted = False
