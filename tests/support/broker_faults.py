@@ -10,7 +10,7 @@ from pathlib import Path
 from agl_stream.embedded.process import free_port
 from agl_stream.embedded.stack import EmbeddedStack, StackState
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
-from tests.support.postgres_faults import DiskUnavailable
+from tests.support.postgres_faults import FILLER, DiskUnavailable, fill_disk
 
 
 class SmallDiskStack:
@@ -58,15 +58,10 @@ class SmallDiskStack:
         return state is not None and all(n.running() for n in state.nodes)
 
     def fill(self, leave_bytes: int) -> None:
-        free = shutil.disk_usage(self.disk).free
-        with (self.disk / "filler").open("wb") as out:
-            left = free - leave_bytes
-            while left > 0:
-                out.write(bytes(min(left, 1 << 20)))
-                left -= 1 << 20
+        fill_disk(self.disk, leave_bytes)
 
     def free(self) -> None:
-        (self.disk / "filler").unlink(missing_ok=True)
+        (self.disk / FILLER).unlink(missing_ok=True)
 
     def down(self) -> None:
         self.stack.down()

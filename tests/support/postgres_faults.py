@@ -49,16 +49,10 @@ class KillablePostgres:
         self._mounted = True
 
     def fill(self, leave_bytes: int) -> None:
-        """Take the disk's free space but `leave_bytes`, with a file PostgreSQL does not own."""
-        free = shutil.disk_usage(self.data).free
-        with (self.data / "filler").open("wb") as out:
-            left = free - leave_bytes
-            while left > 0:
-                out.write(bytes(min(left, 1 << 20)))
-                left -= 1 << 20
+        fill_disk(self.data, leave_bytes)
 
     def free(self) -> None:
-        (self.data / "filler").unlink(missing_ok=True)
+        (self.data / FILLER).unlink(missing_ok=True)
 
     def running(self) -> bool:
         return postgres.running(self.home)
@@ -113,6 +107,19 @@ class KillablePostgres:
 
     async def restart(self) -> None:
         await asyncio.to_thread(self.start)
+
+
+FILLER = "filler"
+
+
+def fill_disk(directory: Path, leave_bytes: int) -> None:
+    """Take the free space of `directory`'s disk but `leave_bytes`, with a file of its own."""
+    free = shutil.disk_usage(directory).free
+    with (directory / FILLER).open("wb") as out:
+        left = free - leave_bytes
+        while left > 0:
+            out.write(bytes(min(left, 1 << 20)))
+            left -= 1 << 20
 
 
 def _children(parent: int) -> list[int]:

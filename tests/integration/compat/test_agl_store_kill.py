@@ -18,7 +18,7 @@ right after each restart, before the load goes on):
 
 Any other failure (an HTTP error status, a living store that does not answer, a span refused as
 a duplicate, a store process that dies by itself) fails the test too.
-Size: --store-kill-size ci (4 kills, the default) or long (50: make store-kill); the moments
+Size: --store-kill-size ci (5 kills, the default) or long (50: make store-kill); the moments
 of the kills come from --store-kill-seed."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class KillSize:
 
 
 SIZES = {
-    "ci": KillSize(kills=3, kill_after=(0.0, 2.0), quiet_every=2),
+    "ci": KillSize(kills=4, kill_after=(0.0, 2.0), quiet_every=2),
     "long": KillSize(kills=49, kill_after=(0.0, 6.0), quiet_every=3),
 }
 QUIET_SECONDS = 2.0
@@ -562,6 +562,25 @@ async def read_spans(url: str, ledger: Ledger) -> dict[str, list[Span]]:
 # ---- the test -------------------------------------------------------------------------------
 
 
+async def read_back(
+    stores: StoreProcesses, ledger: Ledger
+) -> tuple[dict[str, Rollout], dict[str, list[Span]]]:
+    """Kill the store with nothing in flight and start another, which knows only what reached
+    the topics and the read model; drain its queue and read every rollout and span answered
+    about; then kill it too."""
+    ledger.kills += 1
+    await stores.kill()
+    await stores.start()
+    timeout = aiohttp.ClientTimeout(total=CALL_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while drained := await dequeue(http, stores.url, 10, "drain"):
+            ledger.claimed(drained, "drain")
+    stored = await read_rollouts(stores.url, ledger)
+    spans = await read_spans(stores.url, ledger)
+    await stores.kill()
+    return stored, spans
+
+
 async def serving(ledger: Ledger) -> None:
     """Until the store process answered a call (after a kill, its projector waits out the
     killed one's consumer-group session before anything is written: seconds)."""
@@ -625,16 +644,7 @@ async def test_a_store_killed_under_load_keeps_every_answer(
             ledger.up.set()
             await asyncio.wait_for(asyncio.gather(*workers), 120)
         # One more kill with nothing in flight: every answer is read by a later process.
-        ledger.kills += 1
-        await stores.kill()
-        await stores.start()
-        timeout = aiohttp.ClientTimeout(total=CALL_SECONDS)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            while drained := await dequeue(http, stores.url, 10, "drain"):
-                ledger.claimed(drained, "drain")
-        stored = await read_rollouts(stores.url, ledger)
-        spans = await read_spans(stores.url, ledger)
-        await stores.kill()
+        stored, spans = await read_back(stores, ledger)
 
     at_end = [f"{p} (at the end)" for _, p in rollout_problems(ledger, stored, drained=True)]
     at_end += sequence_problems(ledger) + span_problems(ledger, spans)
@@ -711,16 +721,7 @@ async def test_postgres_killed_and_down_under_the_store_keeps_every_answer(
                 load.stop.set()
                 await asyncio.wait_for(asyncio.gather(*workers), 120)
             # A new store process holds only what reached the read model: every answer.
-            ledger.kills += 1
-            await stores.kill()
-            await stores.start()
-            timeout = aiohttp.ClientTimeout(total=CALL_SECONDS)
-            async with aiohttp.ClientSession(timeout=timeout) as http:
-                while drained := await dequeue(http, stores.url, 10, "drain"):
-                    ledger.claimed(drained, "drain")
-            stored = await read_rollouts(stores.url, ledger)
-            spans = await read_spans(stores.url, ledger)
-            await stores.kill()
+            stored, spans = await read_back(stores, ledger)
     finally:
         await asyncio.to_thread(pg.stop)
     problems = [f"{p} (at the end)" for _, p in rollout_problems(ledger, stored, drained=True)]
