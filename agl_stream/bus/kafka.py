@@ -139,12 +139,8 @@ async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKa
         acks="all", enable_idempotence=True, **{**settings.client_options(), **extra}
     )
     await started(client, settings)
-    try:
+    async with stopping(client):
         yield client
-    except BaseException:
-        await stop_within(client, STOP_AFTER_FAILURE_SECONDS)
-        raise
-    await client.stop()
 
 
 # An idempotent producer retries a batch the broker did not acknowledge without end (aiokafka
@@ -172,14 +168,21 @@ async def acknowledged(work: Awaitable[T], settings: KafkaSettings, what: str = 
         ) from None
 
 
-async def stop_within(client: AIOKafkaProducer | AIOKafkaConsumer, seconds: float) -> None:
-    """Stop a client after a failure, giving up on what it still holds after `seconds`."""
+@asynccontextmanager
+async def stopping(client: AIOKafkaProducer) -> AsyncIterator[None]:
+    """Stop `client` at the end; after a failure within STOP_AFTER_FAILURE_SECONDS, giving up
+    on what it still holds (the failure being raised matters, not how the stop went)."""
     try:
-        await asyncio.wait_for(client.stop(), seconds)
-    except TimeoutError:
-        log.warning("a Kafka client still held unacknowledged records after %g s: dropped", seconds)
-    except Exception as exc:  # noqa: BLE001 - the failure being raised matters, not this one
-        log.warning("a Kafka client did not stop cleanly: %r", exc)
+        yield
+    except BaseException:
+        try:
+            await asyncio.wait_for(client.stop(), STOP_AFTER_FAILURE_SECONDS)
+        except TimeoutError:
+            log.warning("a Kafka producer still held unacknowledged records: dropped")
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("a Kafka producer did not stop cleanly: %r", exc)
+        raise
+    await client.stop()
 
 
 @asynccontextmanager

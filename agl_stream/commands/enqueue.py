@@ -18,13 +18,12 @@ from aiokafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from agl_stream.bus.kafka import (
-    STOP_AFTER_FAILURE_SECONDS,
     acknowledged,
     admin_client,
     producer,
     retrying,
     started,
-    stop_within,
+    stopping,
 )
 from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.events import AttemptStatus, RolloutMode, RolloutQueued
@@ -194,7 +193,7 @@ async def _queue_keyed(
         transaction_timeout_ms=30_000, **kafka.client_options(),
     )  # fmt: skip
     await started(client)  # fences a run with the same key still going
-    try:
+    async with stopping(client):
         done, before = await retrying(
             lambda: _queued_before(kafka, group, marker), "reading what was queued before"
         )
@@ -219,10 +218,6 @@ async def _queue_keyed(
             await acknowledged(client.commit_transaction(), kafka, "the transaction's commit")
             if on_sent is not None:
                 on_sent(len(chunk))
-    except BaseException:
-        await stop_within(client, STOP_AFTER_FAILURE_SECONDS)
-        raise
-    await client.stop()
     return Enqueued([e.rollout_id for e in events], len(events) - done)
 
 

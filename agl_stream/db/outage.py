@@ -3,10 +3,9 @@
 A projector, the store facade and the dashboard outlive PostgreSQL's restarts: an error that
 means "PostgreSQL is not there right now" (a refused or dropped connection, a server that is
 starting, stopping or recovering from a crash, or out of disk, memory or connections) is
-waited out, saying what waits and for how
-long; any other error (a wrong password, a missing database) is the operator's to fix and
-still stops the process. One-shot commands keep failing at once with database_problem's
-sentence.
+waited out, saying what waits and for how long; any other error (a wrong password, a missing
+database) is the operator's to fix and still stops the process. One-shot commands keep
+failing at once with database_problem's sentence.
 """
 
 from __future__ import annotations

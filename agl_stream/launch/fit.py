@@ -34,7 +34,7 @@ from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.commands.enqueue import RolloutOptions, enqueue
 from agl_stream.commands.resources import Change, publish_resources
 from agl_stream.db.migrate import migrate
-from agl_stream.db.outage import Outage, riding_out, unavailable
+from agl_stream.db.outage import riding_out
 from agl_stream.embedded.ready import ready_stack
 from agl_stream.events import LLM, Checkpoint, PromptTemplate, RolloutMode
 from agl_stream.events.resources import Resource
@@ -437,25 +437,20 @@ class Trainer:
     ) -> dict[str, Any]:
         """Wait for the rollouts to finish (as the read model tells it); their rows. PostgreSQL
         going away meanwhile is waited out (the workers go on without it)."""
-        outage = Outage("Trainer.fit")
-        async with ReadModel.open(database) as model:
-            while True:
-                check()
-                try:
-                    await model.wait_for_rollouts(
-                        ids, within=5.0, on_progress=lambda done, _: display.update(done)
-                    )
-                    break
-                except TimeoutError:
-                    outage.back()  # it answered
-                    continue
-                except Exception as exc:
-                    if not unavailable(exc):
-                        raise
-                    outage.failed(exc)
-                    await asyncio.sleep(1.0)
-            outage.back()
-            return await riding_out(lambda: model.rollouts_by_id(ids), "Trainer.fit", outage)
+
+        async def finished() -> dict[str, Any]:
+            async with ReadModel.open(database) as model:
+                while True:
+                    check()
+                    try:
+                        await model.wait_for_rollouts(
+                            ids, within=5.0, on_progress=lambda done, _: display.update(done)
+                        )
+                        return await model.rollouts_by_id(ids)
+                    except TimeoutError:
+                        continue
+
+        return await riding_out(finished, "Trainer.fit")
 
 
 async def _watched(

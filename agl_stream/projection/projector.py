@@ -100,12 +100,7 @@ class Projector:
         await riding_out(lambda: self._run(stop), self._outage.what, self._outage)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        try:
-            conn = await connect(self.database.asyncpg_dsn)
-        except Exception as exc:
-            if unavailable(exc):
-                self.counts["database_retries"] += 1
-            raise
+        conn = await connect(self.database.asyncpg_dsn)
         try:
             schema = await active_read_model(conn)
             async with (

@@ -10,7 +10,7 @@ from pathlib import Path
 from agl_stream.embedded.process import free_port
 from agl_stream.embedded.stack import EmbeddedStack, StackState
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
-from tests.support.postgres_faults import FILLER, DiskUnavailable, fill_disk
+from tests.support.postgres_faults import FILLER, fill_disk, mount_tmpfs
 
 
 class SmallDiskStack:
@@ -34,13 +34,7 @@ class SmallDiskStack:
             self.stack.down()
             formatted = self.home / "node-1.formatted"
             shutil.move(self.disk, formatted)
-            self.disk.mkdir()
-            mounted = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={self.disk_mb}m", "tmpfs", str(self.disk)],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if mounted.returncode != 0:
-                raise DiskUnavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+            mount_tmpfs(self.disk, self.disk_mb)
             self._mounted = True
             subprocess.run(["cp", "-a", f"{formatted}/.", str(self.disk)], check=True)
         return self.stack.up()

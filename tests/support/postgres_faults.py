@@ -39,13 +39,7 @@ class KillablePostgres:
     def _mount(self) -> None:
         if self.disk_mb is None or self._mounted:
             return
-        self.data.mkdir(parents=True, exist_ok=True)
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={self.disk_mb}m", "tmpfs", str(self.data)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if mounted.returncode != 0:
-            raise DiskUnavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+        mount_tmpfs(self.data, self.disk_mb)
         self._mounted = True
 
     def fill(self, leave_bytes: int) -> None:
@@ -110,6 +104,18 @@ class KillablePostgres:
 
 
 FILLER = "filler"
+
+
+def mount_tmpfs(directory: Path, size_mb: int) -> None:
+    """A tmpfs of `size_mb` on `directory` (made if missing); DiskUnavailable where this
+    process may not mount one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(directory)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        raise DiskUnavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
 
 
 def fill_disk(directory: Path, leave_bytes: int) -> None:

@@ -67,8 +67,9 @@ def store_server(
             status_code=400, content={"detail": str(exc), "error_type": type(exc).__name__}
         )
 
-    async def fenced(_: Request, exc: Exception) -> JSONResponse:
-        # (also PostgreSQL away: the store answers what its memory holds, and 503 the rest)
+    async def try_again(_: Request, exc: Exception) -> JSONResponse:
+        # Fenced by a newer store, or PostgreSQL away (the store answers what its memory
+        # holds, and this for what needs the read model).
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
     async def too_large(_: Request, exc: Exception) -> JSONResponse:
@@ -80,8 +81,8 @@ def store_server(
 
     server.app.add_exception_handler(ValueError, refused)
     server.app.add_exception_handler(TypeError, refused)
-    server.app.add_exception_handler(StoreFenced, fenced)
-    server.app.add_exception_handler(DatabaseUnavailable, fenced)  # a 503 too: try again
+    server.app.add_exception_handler(StoreFenced, try_again)
+    server.app.add_exception_handler(DatabaseUnavailable, try_again)
     server.app.add_exception_handler(MessageSizeTooLargeError, too_large)
     server.app.add_exception_handler(ResponseValidationError, _not_found)
     if token is not None:
