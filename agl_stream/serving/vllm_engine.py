@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -56,6 +57,7 @@ from agl_stream.training.model import content_hash
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 2.0  # how often an idle engine's /health is asked
 HEALTH_TIMEOUT = 10.0
+MERGED_PREFIX = "agl-merged-"  # + the server's process id + a random part
 
 
 @dataclass(frozen=True)
@@ -438,6 +440,8 @@ class VllmEngine:
             await process.stop()
         if self._session is not None:
             await self._session.close()
+        if self._serving is not None and self._serving.merged is not None:
+            shutil.rmtree(self._serving.merged, ignore_errors=True)
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -533,7 +537,9 @@ def merge_adapter(base_dir: Path, adapter: AdapterShape, dtype: str | None = Non
     from agl_stream.training.model import load_policy, save_policy
 
     memory = Path("/dev/shm")
-    target = Path(tempfile.mkdtemp(prefix="agl-merged-", dir=memory if memory.is_dir() else None))
+    place = memory if memory.is_dir() else Path(tempfile.gettempdir())
+    remove_orphans(place)
+    target = Path(tempfile.mkdtemp(prefix=f"{MERGED_PREFIX}{os.getpid()}-", dir=place))
     try:
         weights = merged_linear_weights(base_dir, adapter.directory, _torch_dtype(dtype))
         if weights is not None:
@@ -546,6 +552,29 @@ def merge_adapter(base_dir: Path, adapter: AdapterShape, dtype: str | None = Non
         shutil.rmtree(target, ignore_errors=True)
         raise
     return target
+
+
+def remove_orphans(place: Path) -> list[Path]:
+    """Removes the merged weights that servers no longer running left in `place` (a server
+    killed with -9 cannot remove its own: each is a whole model, in memory under /dev/shm).
+    A directory's name holds the process id of the server that made it."""
+    removed = []
+    for directory in place.glob(f"{MERGED_PREFIX}*-*"):
+        owner = directory.name[len(MERGED_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not _running(int(owner)):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _torch_dtype(name: str | None) -> Any:

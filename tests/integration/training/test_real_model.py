@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.embedded.process import free_port
 from agl_stream.events import LLM, AttemptStatus, ResourcesPublished, RolloutMode
 from agl_stream.runtime.config import KafkaSettings, child_environment, load
+from agl_stream.serving.vllm_engine import MERGED_PREFIX
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from agl_stream.training.pretrained import SMOLLM2, resolve_model
 from tests.support.backends import Backend
@@ -190,6 +192,8 @@ async def test_a_real_model_trains_and_each_answer_names_the_weights_that_made_i
     finally:
         stop(trainer)
         stop(server)
+    # The merged weights it served (a whole model, in memory under /dev/shm) went with it.
+    assert merged_left(server.pid) == []
 
     store = CheckpointStore(str(checkpoints))
     assert lineage_problems(store.lineage()) == []
@@ -200,6 +204,12 @@ async def test_a_real_model_trains_and_each_answer_names_the_weights_that_made_i
     calls = await recorded_calls(topics, pinned)
     assert len(calls) == 2 * GROUP
     check_lineage(calls, {s: found[s] for s in (0, 1)})
+
+
+def merged_left(pid: int) -> list[Path]:
+    """Merged weights the server process `pid` left behind."""
+    places = (Path(tempfile.gettempdir()), Path("/dev/shm"))
+    return [d for place in places for d in place.glob(f"{MERGED_PREFIX}{pid}-*")]
 
 
 async def recorded_calls(kafka: KafkaSettings, pinned: dict[str, str]) -> list[dict[str, Any]]:
