@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Any
 
 import click
 
@@ -16,6 +17,7 @@ from agl_stream.cli.common import (
     listening_on,
     stop_on_signals,
 )
+from agl_stream.runtime.supervision import unless_stopped
 
 
 def _check_free(host: str, port: int) -> None:
@@ -84,13 +86,19 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
         stop = stop_on_signals()
         facade = AglStreamStore(kafka, database, run_projector=projector)
         try:
-            await facade.statistics()  # connects, fences an earlier store, catches up
+            # Connects, fences an earlier store, catches up. A stop asked for meanwhile, or
+            # while Agent Lightning's launcher waits for its server to answer (it waits out
+            # its 60 s start-up deadline when the server has stopped), stops it now.
+            if await unless_stopped(facade.statistics(), stop) is None:
+                return
             server = store_server(facade, host, port, token=token)
             with listening_on(f"{host}:{port}"):
                 try:
-                    await server.start()
+                    started = await unless_stopped(_started(server), stop)
                 except RuntimeError as exc:
                     fail(f"cannot serve on {host}:{port}: {exc}")
+            if started is None:
+                return
             url = store_url(host, int(server.endpoint.rsplit(":", 1)[1]))
             console.print(
                 f"Agent Lightning store on {server.endpoint} "
@@ -106,3 +114,8 @@ def store(app: AppContext, /, host: str | None, port: int | None, projector: boo
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     asyncio.run(main())
+
+
+async def _started(server: Any) -> bool:
+    await server.start()
+    return True

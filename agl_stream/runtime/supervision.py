@@ -134,6 +134,24 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None when `stop` is set first (`work` is then cancelled, and what it
+    raised meanwhile is of no interest): a process told to stop while it starts stops now,
+    not after its start-up's own deadline."""
+    job = asyncio.ensure_future(work)
+    told = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({job, told}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        told.cancel()
+    if job.done() and not stop.is_set():
+        return job.result()
+    job.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await job
+    return None
+
+
 def stop_on_signals() -> asyncio.Event:
     """An event that SIGTERM or Ctrl-C sets: how long-running commands learn to stop. A
     process started with Ctrl-C ignored (a shell's background job, `nohup`) keeps ignoring

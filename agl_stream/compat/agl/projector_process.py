@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
@@ -45,7 +46,9 @@ class ProjectorProcess:
                 except TimeoutError:
                     process.kill()
                     await process.wait()
-        if code == 0:  # stopped by a signal of its own (its process group's, an operator's)
+        # Stopped by a signal of its own (its process group's, an operator's): handled (0),
+        # or come before its handler was installed (-SIGTERM, -SIGINT).
+        if code in (0, -signal.SIGTERM, -signal.SIGINT):
             log.warning(
                 "the store's projector process stopped; the store's reads of history wait for "
                 "a projector (`agl-stream worker projector`)"

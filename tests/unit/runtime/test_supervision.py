@@ -9,7 +9,12 @@ import logging
 import pytest
 
 from agl_stream.runtime import supervision
-from agl_stream.runtime.supervision import BackgroundTaskFailed, Supervisor, restarting
+from agl_stream.runtime.supervision import (
+    BackgroundTaskFailed,
+    Supervisor,
+    restarting,
+    unless_stopped,
+)
 
 
 async def test_a_failing_task_is_logged_and_started_again(
@@ -79,3 +84,35 @@ async def test_watch_returns_what_it_waited_for_and_close_cancels_the_rest() -> 
         assert await background.watch(answer()) == 42
     assert forever.cancelled()
     background.check()  # a cancelled task is no failure
+
+
+async def test_a_stop_during_a_start_ends_the_wait_at_once_and_cancels_the_start() -> None:
+    stop, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def start() -> str:  # a start-up that waits out its own long deadline
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "started"
+
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    assert await asyncio.wait_for(unless_stopped(start(), stop), 5) is None
+    assert cancelled.is_set()
+
+
+async def test_a_start_that_ends_first_gives_its_result_or_its_error() -> None:
+    stop = asyncio.Event()
+
+    async def start() -> str:
+        return "started"
+
+    async def refused() -> str:
+        raise RuntimeError("the port is taken")
+
+    assert await unless_stopped(start(), stop) == "started"
+    with pytest.raises(RuntimeError, match="the port is taken"):
+        await unless_stopped(refused(), stop)
+    stop.set()  # told to stop already: the start is not waited for, whatever it says
+    assert await unless_stopped(refused(), stop) is None
