@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from agl_stream.serving.server import PolicyServer
     from agl_stream.training.device import Placement
 
+# A session quiet this long past the gateway's own wait has lost its gateway.
+LOST_SESSION_MARGIN = 60.0
+
 
 def _worker_id(role: str) -> str:
     """Who this process is in its OTLP export (service.instance.id)."""
@@ -210,6 +213,13 @@ async def _until(stop: asyncio.Event, task: asyncio.Task[None] | None) -> None:
     help="Seconds without calls that end a session (X-AGL-Session-End: 1 ends it at once).",
 )
 @click.option(
+    "--session-lost-after",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds without a span after which a session whose gateway was killed is ended "
+    "(unresponsive, with the reason) by any gateway of the deployment. [default: "
+    "--session-idle + --upstream-timeout + 60]",
+)
+@click.option(
     "--session-mode",
     type=click.Choice(["train", "val", "test"]),
     default="train",
@@ -234,6 +244,7 @@ def gateway(
     session_header: str,
     session_prefix: str,
     session_idle: float,
+    session_lost_after: float | None,
     session_mode: str,
     reward_token: str | None,
 ) -> None:
@@ -254,6 +265,9 @@ def gateway(
     from agl_stream.events import RolloutMode
     from agl_stream.gateway.proxy import Gateway
     from agl_stream.gateway.sessions import SessionConfig
+    from agl_stream.otlp.closer import end_idle_attempts
+    from agl_stream.otlp.idle import SESSIONS_LOST
+    from agl_stream.runtime.supervision import restarting
     from agl_stream.telemetry.otlp import exporting
 
     base = _url(upstream)
@@ -262,6 +276,13 @@ def gateway(
     if reward_token is not None and len(reward_token) < 16:
         raise click.BadParameter(
             "a reward token needs 16 characters or more", param_hint="--reward-token"
+        )
+    lost_after = session_lost_after or session_idle + upstream_timeout + LOST_SESSION_MARGIN
+    if lost_after <= session_idle:
+        raise click.BadParameter(
+            f"{lost_after:g} s would end live sessions: give more than --session-idle "
+            f"({session_idle:g} s) and, better, more than it plus --upstream-timeout",
+            param_hint="--session-lost-after",
         )
     sessions = SessionConfig(
         header=session_header, prefix=session_prefix, idle_seconds=session_idle,
@@ -280,10 +301,23 @@ def gateway(
             with listening_on(f"{host}:{port}"):
                 url = await proxy.start(host, port)
             console.print(f"gateway on {url}/v1 -> {base}", highlight=False)
+            # Sessions of a gateway killed mid-session end once quiet for longer than a
+            # gateway waits (idle, then a call's upstream timeout): unresponsive, with why.
+            lost = restarting(
+                lambda: end_idle_attempts(
+                    kafka, lost_after,
+                    f"{kafka.topic_prefix.rstrip('.')}-gateway-sessions-lost", stop,
+                    proxy.counts, SESSIONS_LOST,
+                ),
+                "ending lost sessions",
+            )  # fmt: skip
+            ending = asyncio.create_task(lost)
             try:
                 async with exporting(proxy.metrics, _worker_id("gateway")):
                     await stop.wait()
             finally:
+                stop.set()
+                await asyncio.gather(ending, return_exceptions=True)
                 await proxy.stop()
                 console.print(f"gateway stopped: {proxy.counts}", highlight=False)
 

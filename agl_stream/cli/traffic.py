@@ -104,6 +104,16 @@ def ingest() -> None:
     "encoding), on the same brokers, whole name (no prefix).",
 )
 @click.option("--group", "group_id", help="Consumer group for --collector-topic.")
+@click.option(
+    "--idle-timeout",
+    "idle_timeout",
+    type=click.FloatRange(min=0),
+    envvar="AGL_STREAM_OTLP_IDLE_TIMEOUT",
+    default=300.0,
+    show_default=True,
+    help="End an ingested attempt after this many seconds without a span (succeeded, so a "
+    "trainer takes it); 0: never. [env: AGL_STREAM_OTLP_IDLE_TIMEOUT]",
+)
 @click.pass_obj
 @friendly_errors
 def ingest_otlp(
@@ -115,19 +125,22 @@ def ingest_otlp(
     token: str | None,
     collector_topic: str | None,
     group_id: str | None,
+    idle_timeout: float,
 ) -> None:
     """Take OpenTelemetry spans as rollouts: an OTLP/HTTP receiver (POST /v1/traces,
     protobuf or JSON) and/or a Collector's Kafka topic. Spans map to rollouts and attempts by
     their `agl.rollout.id` and `agl.attempt.id` attributes (span, then resource); spans
     without them are one unattributed rollout per trace (`otlp-trace-<trace id>`). A payload
     that cannot be read, or that names an attempt no ingester started without its key
-    (`agl.attempt.key`), gets a 400 (or a dead letter) with the reason."""
+    (`agl.attempt.key`), gets a 400 (or a dead letter) with the reason. Nothing in OTLP says
+    that a trace is over: an ingested attempt ends after --idle-timeout without a span."""
     import asyncio
 
     from agl_stream.bus.kafka import producer
     from agl_stream.bus.streams import EventPublisher, Topics
     from agl_stream.bus.topic_admin import ensure_topics_ready
     from agl_stream.cli.common import listening_on, stop_on_signals
+    from agl_stream.otlp.closer import end_idle_attempts
     from agl_stream.otlp.ingest import OtlpIngest, OtlpReceiver, consume_collector_topic
     from agl_stream.runtime.supervision import restarting
 
@@ -160,6 +173,17 @@ def ingest_otlp(
                 )
                 jobs.append(asyncio.create_task(following))
                 console.print(f"reading {collector_topic} as group {group}", highlight=False)
+            if idle_timeout > 0:
+                # Ingesters side by side share this group's partitions; a failure is logged
+                # and it starts again from the cut it committed.
+                idle_group = f"{kafka.topic_prefix.rstrip('.')}-otlp-idle"
+                ending = restarting(
+                    lambda: end_idle_attempts(
+                        kafka, idle_timeout, idle_group, stop, ingester.counts
+                    ),
+                    "ending idle attempts",
+                )
+                jobs.append(asyncio.create_task(ending))
             try:
                 done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
                 for job in done:

@@ -10,7 +10,8 @@ span of the attempt. It ends at a call carrying the end header, after `idle_seco
 calls, or when the gateway stops: its spans are sent, then AttemptFinished (succeeded, with
 the span count) and RolloutFinished. Answers carry the rollout, attempt and call span ids in
 headers (for `agl-stream reward --attempt --call`). A gateway killed mid-session loses the
-session's unsent spans and never finishes it: the trainer never trains on it.
+session's unsent spans and cannot end it: another gateway ends it, unresponsive with the
+reason (agl_stream.otlp.idle's SESSIONS_LOST), and the trainer does not train on it.
 """
 
 from __future__ import annotations

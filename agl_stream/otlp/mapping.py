@@ -19,8 +19,9 @@ in an id namespace of their own: their ids begin with `otlp-` (`otlp-<trace id>`
 `agl.attempt.id` that begins so), which no runner, gateway session or store facade uses
 (they start attempts as 32 hex digits, `gateway-sessions-...` and `at-...`). Each gets an
 AttemptStarted (worker `otlp`, its task from the attributes above) the first time an ingester
-sees it, so rewards can be given to it; an ingested attempt never finishes (nothing says when
-a trace is over), so trainers do not train on it. A span naming any other attempt joins it
+sees it, so rewards can be given to it. Nothing says when a trace is over: an ingested
+attempt ends after an idle timeout (agl_stream.otlp.idle), and trainers then train on the
+train-mode ones. A span naming any other attempt joins it
 only with `agl.attempt.key` = `attempt_key(secret, rollout id, attempt id)`: an HMAC-SHA256
 under the secret the deployment gives its ingester (its token), which whoever starts the
 attempt can compute and hand to what sends its spans; such a span is published as it is, with

@@ -444,9 +444,11 @@ class Assembler:
         if finished is None or started is None:
             return None
         queued = rollout.queued.get(started.attempt_number) or started.task
-        if queued is None or any(s not in attempt.spans for s in range(finished.span_count)):
+        if queued is None:
             return None
-        spans = tuple(attempt.spans[s] for s in range(finished.span_count))
+        spans = _whole(attempt.spans, finished.span_count)
+        if spans is None:
+            return None
         return Trajectory(
             rollout_id=rollout_id,
             attempt_id=attempt_id,
@@ -460,6 +462,18 @@ class Assembler:
             reward=finished.reward if finished.reward is not None else _last_reward(spans),
             spans=spans,
         )
+
+
+def _whole(spans: Mapping[int, SpanRecorded], count: int) -> tuple[SpanRecorded, ...] | None:
+    """An attempt's spans once all `count` are there, else None. A runner numbers its spans
+    0 to count - 1, in the order it made them; an ingester numbers them by their span ids
+    (agl_stream.otlp.mapping), so such an attempt is whole with `count` distinct spans, in
+    the order they started."""
+    if all(s in spans for s in range(count)):
+        return tuple(spans[s] for s in range(count))
+    if len(spans) < count:
+        return None
+    return tuple(sorted(spans.values(), key=lambda s: (s.start_time_unix_nano, s.sequence)))
 
 
 def _served_by(spans: tuple[SpanRecorded, ...]) -> str | None:

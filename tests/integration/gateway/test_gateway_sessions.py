@@ -5,20 +5,32 @@ take their reward from the feedback, and the read model shows them."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
 
 import aiohttp
 import openai
+from aiokafka import TopicPartition
 
 from agl_stream.bus.kafka import producer
 from agl_stream.bus.streams import EventPublisher, Topics, read_partitions
+from agl_stream.embedded.process import free_port
+from agl_stream.events import (
+    AttemptFinished,
+    AttemptStatus,
+    RolloutFinished,
+    RolloutStatus,
+    SpanRecorded,
+)
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.sessions import SessionConfig
 from agl_stream.queries import ReadModel
-from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
 from agl_stream.training.model import tiny_policy
@@ -137,3 +149,96 @@ async def test_sessions_become_rollouts_joined_with_their_feedback(
         assert attempt.complete and attempt.span_count == 2
         (given,) = await rm.rewards(rollout_id)
         assert (given.name, given.value, given.span_id) == ("feedback", 0.5, call)
+
+
+@asynccontextmanager
+async def gateway_process(
+    kafka: KafkaSettings, upstream: str, port: int, *flags: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", "gateway", "--upstream", f"{upstream}/v1",
+        "--port", str(port), *flags, env=child_environment(kafka),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
+
+
+async def test_a_session_whose_gateway_was_killed_is_ended_with_the_reason(
+    kafka: KafkaSettings,
+) -> None:
+    """A gateway killed (-9) mid-session never ends it; another gateway of the deployment
+    ends it once quiet past --session-lost-after: unresponsive, saying why, with the spans
+    that had reached the broker; the new gateway's own sessions are ended by it, once."""
+    server = PolicyServer()
+    server.load(Loaded(tiny_policy(1), "policy-v1"))
+    upstream = await server.start("127.0.0.1", 0)
+    port = free_port()
+    body = {"model": "p", "prompt": "<bos> a", "max_tokens": 2}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def call(key: str) -> bool:
+                headers = {"X-AGL-Session": key}
+                url = f"http://127.0.0.1:{port}/v1/completions"
+                try:
+                    async with http.post(url, json=body, headers=headers) as answer:
+                        assert answer.status == 200, await answer.text()
+                        return True
+                except aiohttp.ClientConnectionError:  # not listening yet
+                    return False
+
+            async with gateway_process(kafka, upstream, port, "--session-idle", "600") as first:
+                await eventually(lambda: call("lost"), 60, "the first gateway to answer")
+                await call("lost")
+
+                async def spans_sent() -> bool:
+                    return len(await session_spans(kafka, "session-lost")) == 2
+
+                await eventually(spans_sent, 30, "the session's spans on the broker")
+                first.send_signal(signal.SIGKILL)
+                await first.wait()
+            flags = ("--session-idle", "1", "--session-lost-after", "3")
+            async with gateway_process(kafka, upstream, port, *flags):
+                await eventually(lambda: call("alive"), 60, "the second gateway to answer")
+
+                async def lost_ended() -> bool:
+                    return bool(await finished(kafka, "session-lost"))
+
+                await eventually(lost_ended, 60, "the lost session to end")
+                await asyncio.sleep(5)  # past --session-lost-after: "alive" is its gateway's
+                ((alive, _),) = await finished(kafka, "session-alive")
+                assert alive.status is AttemptStatus.SUCCEEDED and alive.error is None
+    finally:
+        await server.stop()
+    ((attempt, rollout),) = await finished(kafka, "session-lost")
+    assert attempt.status is AttemptStatus.UNRESPONSIVE and attempt.span_count == 2
+    assert attempt.error is not None and attempt.error.type == "SessionLost"
+    assert "stopped before ending it" in attempt.error.message
+    assert rollout is not None and rollout.status is RolloutStatus.FAILED
+
+
+async def session_spans(kafka: KafkaSettings, rollout_id: str) -> list[SpanRecorded]:
+    events = await read_partitions(kafka, _partitions(kafka, "spans"))
+    return [e for e in events if isinstance(e, SpanRecorded) and e.rollout_id == rollout_id]
+
+
+async def finished(
+    kafka: KafkaSettings, rollout_id: str
+) -> list[tuple[AttemptFinished, RolloutFinished | None]]:
+    events = await read_partitions(kafka, _partitions(kafka, "rollouts"))
+    ends = [e for e in events if isinstance(e, RolloutFinished) and e.rollout_id == rollout_id]
+    return [
+        (e, ends[0] if ends else None)
+        for e in events
+        if isinstance(e, AttemptFinished) and e.rollout_id == rollout_id
+    ]
+
+
+def _partitions(kafka: KafkaSettings, short: str) -> list[TopicPartition]:
+    topics = Topics(kafka)
+    return [TopicPartition(topics.name(short), p) for p in range(topics.specs[short].partitions)]

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_stream.events import AttemptStatus, RolloutMode
+from agl_stream.events import AttemptFinished, AttemptStatus, RolloutMode
 from agl_stream.training.trajectories import Assembler, Trajectory
 from tests.support.training_traffic import (
     Record,
@@ -238,3 +238,22 @@ def test_reward_from_the_last_reward_span_when_the_attempt_has_none() -> None:
     spans = [llm_span(rid, aid, 0, 1, [1], [2]), reward_span(rid, aid, 1, 2, 0.25)]
     [t] = run_all(Assembler(), attempt_records(rid, spans, attempt_id=aid, reward=None))
     assert t.reward == 0.25
+
+
+def test_spans_numbered_by_their_ids_are_whole_when_all_are_there_in_the_order_they_started() -> (
+    None
+):
+    # An ingested attempt's sequences are its spans' ids (agl_stream.otlp.mapping).
+    rid, aid = "r1", "otlp-a"
+    late, early, reward = (
+        llm_span(rid, aid, 9_000_001, 20, [1], [2]),
+        llm_span(rid, aid, 7_345, 10, [3], [4]),
+        reward_span(rid, aid, 123_456_789, 30, 0.5),
+    )
+    records = attempt_records(rid, [late, early, reward], attempt_id=aid, reward=None)
+    finish_at = next(i for i, (_, e) in enumerate(records) if isinstance(e, AttemptFinished))
+    missing_one = [r for r in records if r[1] is not reward]
+    assert run_all(Assembler(), missing_one) == []  # 2 of its 3 spans: not whole yet
+    [t] = run_all(Assembler(), records[: finish_at + 1])
+    assert [s.sequence for s in t.spans] == [7_345, 9_000_001, 123_456_789]
+    assert t.reward == 0.5
