@@ -39,6 +39,13 @@ def span(rollout: str, attempt: str, sequence: int, reward: float | None = None)
     )  # fmt: skip
 
 
+def finish(rollout: str, attempt: str, span_count: int) -> AttemptFinished:
+    return AttemptFinished(
+        rollout_id=rollout, attempt_id=attempt, attempt_number=1, worker_id=WORKER,
+        status=AttemptStatus.SUCCEEDED, span_count=span_count,
+    )  # fmt: skip
+
+
 def test_an_attempt_quiet_for_the_timeout_ends_with_its_distinct_spans_and_last_reward() -> None:
     idle = IdleAttempts(IDLE)
     idle.add(R, 0, started("r", "otlp-a"), 1_000)
@@ -75,10 +82,7 @@ def test_an_attempt_read_back_as_finished_is_not_ended_again() -> None:
     idle = IdleAttempts(IDLE)
     idle.add(R, 0, started("r", "otlp-a"), 0)
     idle.add(S, 0, span("r", "otlp-a", 1), 0)
-    idle.add(R, 1, AttemptFinished(
-        rollout_id="r", attempt_id="otlp-a", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=1,
-    ), 5_000)  # fmt: skip
+    idle.add(R, 1, finish("r", "otlp-a", 1), 5_000)
     idle.add(S, 1, span("r", "otlp-a", 2), 6_000)  # late: after its end
     assert idle.due(60_000, BOTH) == []
 
@@ -108,43 +112,28 @@ def test_the_cut_keeps_what_a_restarted_reader_needs() -> None:
     positions = {R: 12, S: 21}
     assert idle.cut(positions) == {R: 10, S: 20}  # open attempts hold their lowest records
     # otlp-a ends (its finish read back at rollouts 30); otlp-b, started at 11, stays open.
-    idle.add(R, 30, AttemptFinished(
-        rollout_id="r", attempt_id="otlp-a", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=1,
-    ), 1_000)  # fmt: skip
+    idle.add(R, 30, finish("r", "otlp-a", 1), 1_000)
     # A reader from rollouts 11 and spans 21 would never meet otlp-a's span again: fine.
     assert idle.cut({R: 31, S: 21}) == {R: 11, S: 21}
     # With a span of otlp-a still above the spans cut, its finish must be read again too.
     idle.add(R, 40, started("p", "otlp-c"), 1_000)
     idle.add(S, 15, span("p", "otlp-c", 1), 1_000)
-    idle.add(R, 41, AttemptFinished(
-        rollout_id="q", attempt_id="otlp-b", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=0,
-    ), 1_000)  # fmt: skip
+    idle.add(R, 41, finish("q", "otlp-b", 0), 1_000)
     assert idle.cut({R: 42, S: 21}) == {R: 30, S: 15}
     # Replayed from that cut, the fold ends nothing twice.
     again = IdleAttempts(IDLE)
     again.add(S, 15, span("p", "otlp-c", 1), 1_000)
     again.add(S, 20, span("r", "otlp-a", 1), 0)
-    again.add(R, 30, AttemptFinished(
-        rollout_id="r", attempt_id="otlp-a", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=1,
-    ), 1_000)  # fmt: skip
+    again.add(R, 30, finish("r", "otlp-a", 1), 1_000)
     again.add(R, 40, started("p", "otlp-c"), 1_000)
-    again.add(R, 41, AttemptFinished(
-        rollout_id="q", attempt_id="otlp-b", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=0,
-    ), 1_000)  # fmt: skip
+    again.add(R, 41, finish("q", "otlp-b", 0), 1_000)
     assert [e.attempt.attempt_id for e in again.due(60_000, BOTH)] == ["otlp-c"]
 
 
 def test_ended_attempts_below_the_cut_are_forgotten() -> None:
     idle = IdleAttempts(IDLE)
     idle.add(R, 0, started("r", "otlp-a"), 0)
-    idle.add(R, 1, AttemptFinished(
-        rollout_id="r", attempt_id="otlp-a", attempt_number=1, worker_id=WORKER,
-        status=AttemptStatus.SUCCEEDED, span_count=0,
-    ), 0)  # fmt: skip
+    idle.add(R, 1, finish("r", "otlp-a", 0), 0)
     assert idle.cut({R: 2, S: 0}) == {R: 2, S: 0}
     assert not idle.ended
 
