@@ -7,13 +7,11 @@ that is slow to read gets the latest news, never a backlog (one flag per page, n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
-import asyncpg
 from aiohttp import web
 
-from agl_stream.projection.store import NOTIFY_CHANNEL
+from agl_stream.projection.notices import hold_listen
 from agl_stream.runtime.config import DatabaseSettings
 from agl_stream.runtime.supervision import restarting
 
@@ -48,19 +46,8 @@ class Changes:
             await asyncio.gather(self._listener, return_exceptions=True)
 
     async def _listen(self) -> None:
-        """Hold a LISTEN connection until it is lost (then `restarting` opens another);
-        pages are told of a change on reconnecting, since commits may have been missed."""
-        lost = asyncio.Event()
-        conn = await asyncpg.connect(self.database.asyncpg_dsn)
-        try:
-            conn.add_termination_listener(lambda _: lost.set())
-            await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake())
-            self._wake()
-            await lost.wait()
-            raise ConnectionError("the LISTEN connection to PostgreSQL was lost")
-        finally:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        """Pages are told of each commit, and of a change on reconnecting."""
+        await hold_listen(self.database.asyncpg_dsn, self._wake, "the dashboard's LISTEN")
 
     def _wake(self) -> None:
         self.notifications += 1

@@ -97,7 +97,18 @@ class Projector:
         is waited out: the projector reconnects with backoff and starts over from the offsets
         the database holds, so nothing is lost or applied twice."""
         await ensure_topics_ready(self.kafka, PROJECTED_TOPICS)
-        await riding_out(lambda: self._run(stop), self._outage.what, self._outage)
+        # Heartbeats go on while PostgreSQL is away (saying so): the projector is alive.
+        async with producer(self.kafka) as prod:
+            publisher = EventPublisher(prod, self.topics)
+            beats = asyncio.create_task(self._heartbeats(publisher, stop))
+            try:
+                await riding_out(lambda: self._run(stop), self._outage.what, self._outage)
+            finally:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
+                if stop.is_set():
+                    await self._heartbeat(publisher, WorkerStatus.STOPPED)
 
     async def _run(self, stop: asyncio.Event) -> None:
         conn = await connect(self.database.asyncpg_dsn)
@@ -117,23 +128,14 @@ class Projector:
             ):
                 self._consumer = reader
                 self._projection = Projection(conn, schema, dead_letters=self._letters_to(prod))
-                publisher = EventPublisher(prod, self.topics)
                 reader.subscribe(
                     [self.topics.name(t) for t in PROJECTED_TOPICS], listener=_Rebalance(self)
                 )
                 stream = self._stream = EventStream(
                     reader, prod, self.topics, self.group_id, converters=CONVERTERS
                 )
-                beats = asyncio.create_task(self._heartbeats(publisher, stop))
-                try:
-                    await self._loop(stream, stop)
-                    await self._commit_group()
-                finally:
-                    beats.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await beats
-                    if stop.is_set():
-                        await self._heartbeat(publisher, WorkerStatus.STOPPED)
+                await self._loop(stream, stop)
+                await self._commit_group()
         except Exception as exc:
             if unavailable(exc):
                 self.counts["database_outages"] += 1
@@ -278,13 +280,14 @@ class Projector:
 
     async def _heartbeat(self, publisher: EventPublisher, status: WorkerStatus) -> None:
         """Best effort: a heartbeat that cannot go is logged; the next one tries again."""
+        waiting = int(self._outage.began is not None)  # PostgreSQL away: it waits for it
         try:
             await publisher.publish(
                 "workers",
                 WorkerHeartbeat(
                     worker_id=self.config.worker_id, role=WorkerRole.PROJECTOR, status=status,
                     hostname=socket.gethostname(), pid=os.getpid(),
-                    counts={**self.counts, "lag": self.lag()},
+                    counts={**self.counts, "lag": self.lag(), "database_waiting": waiting},
                     interval_seconds=self.config.heartbeat_seconds,
                 ),
             )  # fmt: skip

@@ -71,7 +71,8 @@ from agl_stream.compat.agl.records import (
     WorkerRecord,
 )
 from agl_stream.events import AglRecordKind, AglRecordRevised, SpanRecorded
-from agl_stream.projection.store import NOTIFY_CHANNEL, active_read_model, init_connection
+from agl_stream.projection.notices import hold_listen
+from agl_stream.projection.store import active_read_model, init_connection
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 from agl_stream.runtime.supervision import restarting
 
@@ -101,36 +102,19 @@ class ProjectionWatch:
         self.reads = reads
         self.projected: dict[Position, int] = {}
         self._woken = asyncio.Event()
-        self._dsn = ""
-        self._conn: asyncpg.Connection | None = None
         self._holding: asyncio.Task[None] | None = None
 
     async def start(self, dsn: str) -> None:
-        self._dsn = dsn
-        self._conn = await self._listen()
+        # Until it listens, waiters wake by their timeouts (they poll the offsets then).
         self._holding = asyncio.create_task(
-            restarting(self._hold, "the store's LISTEN connection", cap=5.0), name="listen"
-        )
+            restarting(
+                lambda: hold_listen(dsn, self._notified, "the store's LISTEN"),
+                "the store's LISTEN connection", cap=5.0,
+            ),
+            name="listen",
+        )  # fmt: skip
 
-    async def _listen(self) -> asyncpg.Connection:
-        conn = await asyncpg.connect(self._dsn)
-        await conn.add_listener(NOTIFY_CHANNEL, self._notified)
-        return conn
-
-    async def _hold(self) -> None:
-        """Hold the LISTEN connection; when PostgreSQL drops it, `restarting` opens another
-        (and waiters look again: commits may have gone unnoticed meanwhile)."""
-        if self._conn is None:
-            self._conn = await self._listen()
-            self._notified()
-        lost = asyncio.Event()
-        self._conn.add_termination_listener(lambda _: lost.set())
-        if not self._conn.is_closed():
-            await lost.wait()
-        self._conn = None
-        raise ConnectionError("the store's LISTEN connection to PostgreSQL was lost")
-
-    def _notified(self, *_: object) -> None:
+    def _notified(self) -> None:
         woken, self._woken = self._woken, asyncio.Event()
         woken.set()
 
@@ -138,9 +122,6 @@ class ProjectionWatch:
         if self._holding is not None:
             self._holding.cancel()
             await asyncio.gather(self._holding, return_exceptions=True)
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._conn.close(), 5)
 
     async def changed(self, within: float) -> None:
         """Return at the next projection commit, or after `within` seconds."""

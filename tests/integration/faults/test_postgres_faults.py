@@ -22,9 +22,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiokafka import TopicPartition
 
+from agl_stream.bus.streams import Topics, read_partitions
 from agl_stream.dashboard.server import Dashboard
 from agl_stream.db.migrate import migrate
+from agl_stream.events import WorkerHeartbeat
 from agl_stream.queries import ReadModel
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
 from tests.support.helpers import eventually, traversable
@@ -72,6 +75,19 @@ async def api(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, obj
         return response.status, await response.json()
 
 
+async def waiting_said(kafka: KafkaSettings) -> bool:
+    topics = Topics(kafka)
+    tps = [
+        TopicPartition(topics.name("workers"), p) for p in range(topics.specs["workers"].partitions)
+    ]
+    beats = [
+        e
+        for e in await read_partitions(kafka, tps)
+        if isinstance(e, WorkerHeartbeat) and e.worker_id == "rider"
+    ]
+    return any(b.counts.get("database_waiting") == 1 for b in beats)
+
+
 async def test_postgres_killed_and_down_under_load(
     kafka: KafkaSettings, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -111,6 +127,8 @@ async def test_postgres_killed_and_down_under_load(
             status, body = await api(http, url)
             assert status == 503, body
             assert "PostgreSQL" in str(body), body
+            # Its heartbeats go on meanwhile, saying that it waits for the database.
+            await eventually(lambda: waiting_said(kafka), 30, "a heartbeat saying it waits")
             await asyncio.sleep(max(0.0, size.down_seconds - (time.monotonic() - down_at)))
             projector_alive()
             await pg.restart()
@@ -200,3 +218,4 @@ async def test_postgres_disk_full_then_freed_under_load(
             await asyncio.wait_for(projector.wait(), 60)
         await asyncio.to_thread(pg.stop)
     assert projector.returncode == 0, log.read_text()
+
