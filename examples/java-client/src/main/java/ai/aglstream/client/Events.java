@@ -8,6 +8,8 @@ import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
+import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.UUID;
 import org.apache.avro.Schema;
@@ -31,12 +33,17 @@ final class Events {
     private final Schema rewardRecorded;
     private final BinaryMessageEncoder<GenericRecord> queuedEncoder;
     private final BinaryMessageEncoder<GenericRecord> rewardEncoder;
+    private final Map<String, GenericData.EnumSymbol> modes = new LinkedHashMap<>();
 
     Events(Schemas schemas) {
         rolloutQueued = schemas.current("RolloutQueued").schema();
         rewardRecorded = schemas.current("RewardRecorded").schema();
         // Single-object encoding: C3 01, the schema's CRC-64-AVRO fingerprint, the Avro body.
         queuedEncoder = new BinaryMessageEncoder<>(GenericData.get(), rolloutQueued);
+        Schema modeSchema = rolloutQueued.getField("mode").schema();
+        for (String symbol : modeSchema.getEnumSymbols()) {
+            modes.put(symbol, new GenericData.EnumSymbol(modeSchema, symbol));
+        }
         rewardEncoder = new BinaryMessageEncoder<>(GenericData.get(), rewardRecorded);
     }
 
@@ -48,23 +55,28 @@ final class Events {
         if (maxAttempts < 1) {
             throw new IllegalArgumentException("max attempts must be 1 or more, got " + maxAttempts);
         }
-        long now = micros(Instant.now());
-        Schema modeSchema = rolloutQueued.getField("mode").schema();
-        if (!modeSchema.getEnumSymbols().contains(mode)) {
-            throw new IllegalArgumentException(
-                "mode must be one of " + modeSchema.getEnumSymbols() + ", got " + mode);
+        GenericData.EnumSymbol symbol = modes.get(mode);
+        if (symbol == null) {
+            throw new IllegalArgumentException("mode must be one of " + modes.keySet() + ", got " + mode);
         }
-        return new GenericRecordBuilder(rolloutQueued)
-            .set("event_id", UUID.randomUUID().toString())
-            .set("occurred_at", now)
-            .set("rollout_id", rolloutId)
-            .set("attempt_number", 1)
-            .set("input_json", inputJson)
-            .set("mode", new GenericData.EnumSymbol(modeSchema, mode))
-            .set("max_attempts", maxAttempts)
-            .set("metadata", metadata)
-            .set("first_queued_at", now) // attempt 1: when it was first queued is now
-            .build(); // the rest are the schema's defaults (no pin, no limits, no retries)
+        long now = micros(Instant.now());
+        // Every field set here (a GenericRecordBuilder deep-copies each default per record).
+        GenericData.Record event = new GenericData.Record(rolloutQueued);
+        event.put("event_id", UUID.randomUUID().toString());
+        event.put("occurred_at", now);
+        event.put("rollout_id", rolloutId);
+        event.put("attempt_number", 1);
+        event.put("input_json", inputJson);
+        event.put("mode", symbol);
+        event.put("resources_id", null); // no pin: the latest resources
+        event.put("timeout_seconds", null);
+        event.put("unresponsive_seconds", null);
+        event.put("max_attempts", maxAttempts);
+        event.put("retry_condition", List.of());
+        event.put("metadata", metadata);
+        event.put("first_queued_at", now); // attempt 1: when it was first queued is now
+        event.put("previous_attempt_id", null);
+        return event;
     }
 
     /** A reward given from outside the rollout's attempt (null attempt: the rollout as a whole). */
