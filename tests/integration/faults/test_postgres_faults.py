@@ -218,4 +218,3 @@ async def test_postgres_disk_full_then_freed_under_load(
             await asyncio.wait_for(projector.wait(), 60)
         await asyncio.to_thread(pg.stop)
     assert projector.returncode == 0, log.read_text()
-
