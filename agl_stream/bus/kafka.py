@@ -16,6 +16,7 @@ from aiokafka.errors import (
     AuthenticationFailedError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     SaslAuthenticationFailed,
 )
 from aiokafka.producer import sender as aiokafka_sender
@@ -101,11 +102,76 @@ async def _start(client: Any, settings: KafkaSettings) -> None:
         raise
 
 
+# How long a new client's bootstrap waits for a broker to accept a connection before it
+# leaves the choice to aiokafka (a healthy broker accepts in a round trip), and how long it
+# waits for the others once one has.
+REACHABLE_WITHIN_SECONDS = 3.0
+REACHABLE_GRACE_SECONDS = 0.01
+
+
+async def reachable(settings: KafkaSettings) -> KafkaSettings:
+    """The settings with the bootstrap servers that accept a connection now: the first to
+    accept, and any other that does within REACHABLE_GRACE_SECONDS of it.
+
+    aiokafka bootstraps from the servers in a random order and gives each the whole request
+    timeout to connect. A broker whose network drops packets (blackholed, not down: nothing
+    refuses the connection) would cost a new client that timeout in one start out of N;
+    racing the connections costs a round trip. A broker that accepts but does not answer (a
+    frozen process) stays in, with the others, as before. With one server, or when none
+    accepts within REACHABLE_WITHIN_SECONDS, the settings as they are."""
+    servers = settings.bootstrap_servers.split(",")
+    if len(servers) < 2:
+        return settings
+    within = min(settings.request_timeout_ms / 1000, REACHABLE_WITHIN_SECONDS)
+    answered = await _accepting(servers, within, REACHABLE_GRACE_SECONDS)
+    if not answered:
+        return settings
+    return settings.model_copy(update={"bootstrap_servers": ",".join(answered)})
+
+
+async def _accepting(servers: list[str], within: float, grace: float) -> list[str]:
+    """The servers that accept a TCP connection, in the order they did: those within `grace`
+    of the first, which must do so within `within`."""
+
+    async def connect(server: str) -> str:
+        host, _, port = server.rpartition(":")
+        _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        writer.close()
+        return server
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    pending = {asyncio.create_task(connect(server)) for server in servers}
+    answered: list[str] = []
+    try:
+        while pending and loop.time() < deadline:
+            done, pending = await asyncio.wait(
+                pending, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            # Refused, unreachable or unknown: not a server to start from.
+            answered += [task.result() for task in done if task.exception() is None]
+            if answered:
+                deadline = min(deadline, loop.time() + grace)
+        return answered
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+# The metadata age of a client kept idle between uses (the runner's admin client and fold
+# reader, for its takeovers). Such a client learns that leaders and coordinators moved only
+# from its own metadata refreshes, every 5 minutes by default: after a broker went silent it
+# would still send to it, and wait a request timeout for each (aiokafka's end offsets even
+# give up at the moment their request would time out, before it fails over, every time).
+IDLE_METADATA_AGE_MS = 5_000
+
+
 @asynccontextmanager
-async def admin_client(settings: KafkaSettings) -> AsyncIterator[AIOKafkaAdminClient]:
-    options = settings.client_options()
+async def admin_client(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKafkaAdminClient]:
+    options = (await reachable(settings)).client_options()
     options.pop("client_id")
-    admin = AIOKafkaAdminClient(client_id=f"{settings.client_id}-admin", **options)
+    admin = AIOKafkaAdminClient(client_id=f"{settings.client_id}-admin", **options, **extra)
     try:
         await _start(admin, settings)
     except BaseException:
@@ -135,9 +201,8 @@ async def started(
 @asynccontextmanager
 async def producer(settings: KafkaSettings, **extra: Any) -> AsyncIterator[AIOKafkaProducer]:
     # Idempotent: a retried send after a lost acknowledgement is written once.
-    client = AIOKafkaProducer(
-        acks="all", enable_idempotence=True, **{**settings.client_options(), **extra}
-    )
+    options = (await reachable(settings)).client_options()
+    client = AIOKafkaProducer(acks="all", enable_idempotence=True, **{**options, **extra})
     await started(client, settings)
     async with stopping(client):
         yield client
@@ -196,7 +261,8 @@ async def consumer(
         "auto_offset_reset": "earliest",
         "isolation_level": "read_committed",
     }
-    client = AIOKafkaConsumer(*topics, **{**settings.client_options(), **defaults, **extra})
+    options = (await reachable(settings)).client_options()
+    client = AIOKafkaConsumer(*topics, **{**options, **defaults, **extra})
     await started(client, settings)
     try:
         yield client
@@ -268,7 +334,11 @@ async def last_committed(
 async def retrying(attempt: Callable[[], Awaitable[T]], what: str, within: float = 60.0) -> T:
     """Run `attempt` again while it fails with a retriable Kafka error (a node of the
     cluster down for a moment, a coordinator or leader moving), with backoff, for up to
-    `within` seconds; then, or on any other error, raise."""
+    `within` seconds; then, or on any other error, raise. A client's own wait that ran out
+    (KafkaTimeoutError, which aiokafka does not mark retriable) counts as retriable: a
+    long-lived client whose metadata still names a broker that went silent waits on it
+    until its metadata is refreshed (IDLE_METADATA_AGE_MS), then goes where the leaders
+    are now."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     delay = 0.2
@@ -276,7 +346,8 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str, within: float
         try:
             return await attempt()
         except KafkaError as exc:
-            if not exc.retriable or loop.time() + delay > deadline:
+            retriable = exc.retriable or isinstance(exc, KafkaTimeoutError)
+            if not retriable or loop.time() + delay > deadline:
                 raise
             log.warning("%s failed (%r); trying again in %.1f s", what, exc, delay)
         await asyncio.sleep(delay)

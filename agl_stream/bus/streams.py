@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from agl_stream.bus.codec import Codec, Datum, DecodeError
 from agl_stream.bus.dead_letters import DeadLetter, dead_letter
-from agl_stream.bus.kafka import consumer, end_offsets
+from agl_stream.bus.kafka import IDLE_METADATA_AGE_MS, consumer
 from agl_stream.bus.topic_spec import TopicSpec, load_topic_specs
 from agl_stream.events import Event
 from agl_stream.runtime.config import KafkaSettings
@@ -381,15 +381,44 @@ async def read_records(
     ends: Mapping[TopicPartition, int],
 ) -> AsyncIterator[ConsumerRecord]:
     """The raw committed records of each partition from its start offset up to (not
-    including) its end. Done with a partition when the reader's position reaches the end,
-    not when a record at end - 1 arrives: the last offsets may hold no record (transaction
-    markers, aborted records), and retention may have removed every record (a start below
-    the log start moves to it)."""
-    pending = {tp for tp in starts if ends[tp] > starts[tp]}
+    including) its end, through a consumer of their own."""
     async with consumer(kafka) as reader:
-        reader.assign(list(starts))
-        for tp, offset in starts.items():
-            reader.seek(tp, offset)
+        async for record in records_with(reader, starts, ends):
+            yield record
+
+
+# The fetch wait of a reader kept for many reads. A broker answers a connection's requests
+# one at a time, so a fetch still long-polling at the end of a read (500 ms by default) would
+# hold up the next read's first request (its end offsets) until it returned.
+READER_FETCH_WAIT_MS = 10
+
+
+def reusable_reader(
+    kafka: KafkaSettings,
+) -> contextlib.AbstractAsyncContextManager[AIOKafkaConsumer]:
+    """A consumer with no group to keep for many reads (records_with, read_partition_with),
+    idle in between (IDLE_METADATA_AGE_MS)."""
+    return consumer(
+        kafka, fetch_max_wait_ms=READER_FETCH_WAIT_MS, metadata_max_age_ms=IDLE_METADATA_AGE_MS
+    )
+
+
+async def records_with(
+    reader: AIOKafkaConsumer,
+    starts: Mapping[TopicPartition, int],
+    ends: Mapping[TopicPartition, int],
+) -> AsyncIterator[ConsumerRecord]:
+    """read_records through `reader`, a consumer kept for many reads (reusable_reader):
+    assigned the partitions for this one, and paused at its end (it fetches nothing more
+    until the next read assigns it again). Done with a partition when the reader's position
+    reaches the end, not when a record at end - 1 arrives: the last offsets may hold no
+    record (transaction markers, aborted records), and retention may have removed every
+    record (a start below the log start moves to it)."""
+    pending = {tp for tp in starts if ends[tp] > starts[tp]}
+    reader.assign(list(starts))
+    for tp, offset in starts.items():
+        reader.seek(tp, offset)
+    try:
         while pending:
             # Short polls: a partition whose last offsets are commit markers returns no
             # record for them (its position moves past them), so a poll waits its timeout.
@@ -401,6 +430,8 @@ async def read_records(
             for tp in list(pending):
                 if await reader.position(tp) >= ends[tp]:
                     pending.discard(tp)
+    finally:
+        reader.pause(*reader.assignment())
 
 
 async def read_partitions(
@@ -420,10 +451,19 @@ async def _read_events(
     kafka: KafkaSettings, starts: Mapping[TopicPartition, int]
 ) -> tuple[list[tuple[int, Event]], dict[TopicPartition, int]]:
     """The decodable events (with their offsets) from each start to each partition's end now."""
-    ends = await end_offsets(kafka, starts)
+    if not starts:
+        return [], {}
+    async with consumer(kafka) as reader:
+        return await _events_with(reader, starts)
+
+
+async def _events_with(
+    reader: AIOKafkaConsumer, starts: Mapping[TopicPartition, int]
+) -> tuple[list[tuple[int, Event]], dict[TopicPartition, int]]:
+    ends: dict[TopicPartition, int] = await reader.end_offsets(list(starts))
     codec = Codec()
     events: list[tuple[int, Event]] = []
-    async for record in read_records(kafka, starts, ends):
+    async for record in records_with(reader, starts, ends):
         with contextlib.suppress(DecodeError):
             events.append((record.offset, codec.decode(record.value)))
     return events, ends
@@ -435,4 +475,13 @@ async def read_partition_from(
     """The decodable events of one partition from `start` to its current end, with their
     offsets, and that end."""
     events, ends = await _read_events(kafka, {tp: start})
+    return events, ends[tp]
+
+
+async def read_partition_with(
+    reader: AIOKafkaConsumer, tp: TopicPartition, start: int
+) -> tuple[list[tuple[int, Event]], int]:
+    """read_partition_from through `reader`, a consumer with no group that may serve many
+    reads (reusable_reader)."""
+    events, ends = await _events_with(reader, {tp: start})
     return events, ends[tp]

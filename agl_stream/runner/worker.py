@@ -31,20 +31,29 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import RecordMetadata
 from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from agl_stream.agent.api import LitAgent, Rollout
 from agl_stream.agent.tracing import Tracing
-from agl_stream.bus.kafka import admin_client, consumer, end_offsets, producer, retrying
+from agl_stream.bus.kafka import (
+    IDLE_METADATA_AGE_MS,
+    admin_client,
+    consumer,
+    producer,
+    reachable,
+    retrying,
+)
 from agl_stream.bus.roles import role
 from agl_stream.bus.streams import (
     ConsumedEvent,
     EventPublisher,
     EventStream,
     Topics,
-    read_partition_from,
+    read_partition_with,
+    reusable_reader,
 )
 from agl_stream.bus.topic_admin import ensure_topics_ready
 from agl_stream.commands.resources import ResourceCache, follow_resources
@@ -176,6 +185,10 @@ class Runner:
         self._producer: AIOKafkaProducer | None = None
         self._publisher: EventPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        # What every takeover reads through (the checkpoint, the ends, the fold), kept for
+        # the runner's life (see _settle_partition).
+        self._admin: AIOKafkaAdminClient | None = None
+        self._reader: AIOKafkaConsumer | None = None
         self.lanes: dict[TopicPartition, Lane] = {}
         # The committed offset found when a partition was settled: records below it are
         # done (the consumer may hold some, fetched from an older commit).
@@ -230,16 +243,21 @@ class Runner:
                 "the cancel watch",
             )
             try:
-                async with consumer(
-                    self.kafka,
-                    group_id=self.group_id,
-                    session_timeout_ms=self.config.session_timeout_ms,
-                    heartbeat_interval_ms=max(self.config.session_timeout_ms // 5, 500),
-                    # The loop polls at least every 0.5 s (pausing partitions when full), so a
-                    # short rebalance timeout costs nothing and bounds how long a join waits
-                    # for members that vanished without leaving.
-                    max_poll_interval_ms=30_000,
-                ) as tasks_consumer:
+                async with (
+                    admin_client(self.kafka, metadata_max_age_ms=IDLE_METADATA_AGE_MS) as admin,
+                    reusable_reader(self.kafka) as fold_reader,
+                    consumer(
+                        self.kafka,
+                        group_id=self.group_id,
+                        session_timeout_ms=self.config.session_timeout_ms,
+                        heartbeat_interval_ms=max(self.config.session_timeout_ms // 5, 500),
+                        # The loop polls at least every 0.5 s (pausing partitions when full),
+                        # so a short rebalance timeout costs nothing and bounds how long a
+                        # join waits for members that vanished without leaving.
+                        max_poll_interval_ms=30_000,
+                    ) as tasks_consumer,
+                ):
+                    self._admin, self._reader = admin, fold_reader
                     self._consumer = tasks_consumer
                     self._subscribe()
                     stream = EventStream(tasks_consumer, prod, self.topics, self.group_id)
@@ -636,19 +654,29 @@ class Runner:
     async def _settle_partition(self, tp: TopicPartition, epoch: int) -> None:
         """Fence the partition's previous writer, then fold what its records rely on. If the
         group rebalances meanwhile, the partition is left alone (its lane closed): the new
-        assignment settles what is ours then."""
+        assignment settles what is ours then.
+
+        The lane is the one client a takeover starts (its transactional id is the
+        partition's); the reads go through the runner's admin client and reader. A client
+        started per read would bootstrap again each time, and aiokafka gives a broker that
+        drops packets (blackholed: nothing refuses) a request timeout at every bootstrap
+        that tries it first (benchmarks/takeover_blackhole.py)."""
+        admin, reader = self._admin, self._reader
+        assert admin is not None, "the runner is not running"
+        assert reader is not None, "the runner is not running"
         began = time.monotonic()
         lane = await retrying(lambda: self._open_lane(tp), f"fencing {tp}")
         try:
             committed, checkpoint = await retrying(
-                lambda: self._committed_checkpoint(tp), f"reading the checkpoint of {tp}"
+                lambda: committed_checkpoint(admin, self.group_id, tp),
+                f"reading the checkpoint of {tp}",
             )
             start = checkpoint.rollouts_from if checkpoint is not None else 0
             rollouts = TopicPartition(self.topics.name("rollouts"), tp.partition)
-            ends = await retrying(lambda: end_offsets(self.kafka, [tp]), f"the end of {tp}")
+            ends = await retrying(lambda: reader.end_offsets([tp]), f"the end of {tp}")
             events, rollouts_end = await self._polling(
                 retrying(
-                    lambda: read_partition_from(self.kafka, rollouts, start), f"folding {rollouts}"
+                    lambda: read_partition_with(reader, rollouts, start), f"folding {rollouts}"
                 )
             )
         except BaseException:
@@ -691,26 +719,25 @@ class Runner:
         task = asyncio.ensure_future(work)
         consumer_ = self._consumer
         assert consumer_ is not None
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=1.0)
-            if done:
-                return task.result()
-            consumer_.pause(*consumer_.assignment())
-            await consumer_.getmany(timeout_ms=0)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=1.0)
+                if done:
+                    return task.result()
+                consumer_.pause(*consumer_.assignment())
+                await consumer_.getmany(timeout_ms=0)
+        finally:  # never left reading on the shared reader after a failure
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _open_lane(self, tp: TopicPartition) -> Lane:
+        # Bootstrapped from a broker that answers now, never one that drops packets.
         lane = Lane(
-            self.kafka, self.topics, self.group_id, tp.partition,
+            await reachable(self.kafka), self.topics, self.group_id, tp.partition,
             interval=self.config.transaction_seconds, linger_ms=self.config.linger_ms,
         )  # fmt: skip
         await lane.open()
         return lane
-
-    async def _committed_checkpoint(
-        self, tp: TopicPartition
-    ) -> tuple[int | None, Checkpoint | None]:
-        async with admin_client(self.kafka) as admin:
-            return await committed_checkpoint(admin, self.group_id, tp)
 
     async def _rejoin(self) -> None:
         """A lane failed (fenced by a new owner, or a transaction refused): give up every

@@ -11,14 +11,26 @@ never a real network's.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiokafka.errors import KafkaError
+
+from agl_stream.bus.kafka import admin_client
+from agl_stream.embedded import kafka_node
+from agl_stream.embedded.kafka_node import KafkaNode
+from agl_stream.embedded.process import stop
+from agl_stream.runtime.config import KafkaSettings
 
 PREFIX = "aglmh"  # namespaces: aglmh-<pid>-<host>; interfaces: <= 15 characters
 
@@ -143,3 +155,53 @@ def network(hosts: Sequence[str]) -> Iterator[Network]:
         subprocess.run(["ip", "link", "del", driver_if], capture_output=True)
         for ns in reversed(made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.asynccontextmanager
+async def kafka_cluster(
+    net: Network, home: Path, hosts: Sequence[str], settings: Mapping[str, object] | None = None
+) -> AsyncIterator[list[KafkaNode]]:
+    """An Apache Kafka node (broker and controller) on each of `hosts`, node ids 1, 2, ...
+    in their order, with `settings` over the embedded ones (server.properties keys). Stopped
+    on the way out: a node on a host still cut off is killed (no controlled shutdown can
+    reach the others from there), the others stop as usual."""
+    nodes = [KafkaNode(i + 1, 9092, 9093, host=net.hosts[h]) for i, h in enumerate(hosts)]
+    for node in nodes:
+        path = kafka_node.write_config(node, nodes, home)
+        with path.open("a") as config:  # a later line wins
+            config.writelines(f"{key}={value}\n" for key, value in (settings or {}).items())
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    await asyncio.to_thread(kafka_node.format_storage, nodes, home, cluster_id)
+    pids = {n.node_id: kafka_node.start(n, home, net.prefix(hosts[n.node_id - 1])) for n in nodes}
+    try:
+        await asyncio.to_thread(kafka_node.wait_ready, pids, nodes, home)
+        yield nodes
+    finally:
+        for host in list(net.cut):
+            await asyncio.to_thread(stop, pids.pop(hosts.index(host) + 1), 0)
+            net.reconnect(host)
+        await asyncio.to_thread(kafka_node.stop_nodes, list(pids.values()))
+
+
+async def fenced(kafka: KafkaSettings, node_id: int, within: float) -> float:
+    """Until the cluster's metadata lists neither the node nor a partition it leads: the
+    controller fenced it (no heartbeat from it within broker.session.timeout.ms, 9 s) and
+    moved its leaders. Ask through brokers that answer (`kafka`'s servers). Returns the
+    seconds it took."""
+    began = time.monotonic()
+    # Sent to a random broker of its metadata, the cut one too while listed: a short wait.
+    asking = kafka.model_copy(update={"request_timeout_ms": 1000})
+    async with admin_client(asking) as admin:
+        while True:
+            try:
+                brokers = {b["node_id"] for b in (await admin.describe_cluster())["brokers"]}
+                leaders = {
+                    p["leader"] for t in await admin.describe_topics() for p in t["partitions"]
+                }
+            except KafkaError:  # sent to the cut broker while the metadata still listed it
+                brokers = leaders = {node_id}
+            if node_id not in brokers and node_id not in leaders:
+                return time.monotonic() - began
+            if time.monotonic() - began > within:
+                raise TimeoutError(f"broker {node_id} still listed after {within:.0f} s")
+            await asyncio.sleep(0.5)

@@ -19,7 +19,6 @@ namespaces, iptables); skipped with the reason otherwise. Size: --multi-host-siz
 from __future__ import annotations
 
 import asyncio
-import base64
 import random
 import shutil
 import sys
@@ -39,8 +38,7 @@ from aiokafka.errors import KafkaError
 from agl_stream.bus.streams import read_partitions
 from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
-from agl_stream.embedded import kafka_node, postgres
-from agl_stream.embedded.kafka_node import KafkaNode
+from agl_stream.embedded import postgres
 from agl_stream.embedded.process import pick_port
 from agl_stream.events import AttemptStatus, WorkerHeartbeat
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
@@ -48,7 +46,7 @@ from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from tests.integration.training.test_trainer import published
 from tests.support.chaos import RUN, Crew, Member
 from tests.support.helpers import eventually, traversable
-from tests.support.netns import Network, network, unavailable
+from tests.support.netns import Network, kafka_cluster, network, unavailable
 from tests.support.projection import caught_up, dump, ends
 from tests.support.runs import History, history, queue
 
@@ -110,23 +108,6 @@ class HostCrew(Crew):
             for m in self.members.values()
             if m.process.returncode is not None
         ]
-
-
-@asynccontextmanager
-async def kafka_cluster(net: Network, home: Path) -> AsyncIterator[list[KafkaNode]]:
-    nodes = [KafkaNode(i + 1, 9092, 9093, host=net.hosts[h]) for i, h in enumerate(BROKERS)]
-    for node in nodes:
-        kafka_node.write_config(node, nodes, home)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    await asyncio.to_thread(kafka_node.format_storage, nodes, home, cluster_id)
-    pids = {n.node_id: kafka_node.start(n, home, net.prefix(BROKERS[n.node_id - 1])) for n in nodes}
-    try:
-        await asyncio.to_thread(kafka_node.wait_ready, pids, nodes, home)
-        yield nodes
-    finally:
-        for host in list(net.cut):
-            net.reconnect(host)  # a controlled shutdown needs the quorum
-        await asyncio.to_thread(kafka_node.stop_nodes, list(pids.values()))
 
 
 @asynccontextmanager
@@ -275,7 +256,10 @@ async def test_runner_and_broker_hosts_cut_off(
     monkeypatch.setenv("AGL_STREAM_REQUEST_TIMEOUT_MS", "10000")
     hosts = (*BROKERS, *RUNNERS, WORKERS)
     with network(hosts) as net:
-        async with kafka_cluster(net, home) as nodes, database_on_driver(net, home) as database:
+        async with (
+            kafka_cluster(net, home, BROKERS) as nodes,
+            database_on_driver(net, home) as database,
+        ):
             kafka = load(
                 KafkaSettings,
                 request_timeout_ms=10_000,

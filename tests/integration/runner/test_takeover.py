@@ -80,13 +80,13 @@ async def test_a_new_owner_never_runs_again_what_finished_above_the_commit(
     partitions = Topics(kafka).specs["tasks"].partitions
     ids = ids_on_partition(0, partitions, 20, f"burst-{uuid.uuid4().hex[:6]}")
     attempts = await _left_by_a_victim(kafka, ids)
-    real_fold = worker.read_partition_from
+    real_fold = worker.read_partition_with
 
     async def slow_fold(*args: Any) -> Any:
         await asyncio.sleep(fold_delay)
         return await real_fold(*args)
 
-    monkeypatch.setattr(worker, "read_partition_from", slow_fold)
+    monkeypatch.setattr(worker, "read_partition_with", slow_fold)
     async with runner_in_process(kafka) as runner:
         h = await wait_terminal(kafka, ids, 60)
     for i, rollout_id in enumerate(ids):
