@@ -21,6 +21,7 @@ from agl_stream.bus.kafka import (
     acknowledged,
     admin_client,
     producer,
+    reachable,
     retrying,
     started,
     stopping,
@@ -190,7 +191,7 @@ async def _queue_keyed(
     group = f"{kafka.topic_prefix}enqueue-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     client = AIOKafkaProducer(
         acks="all", enable_idempotence=True, linger_ms=5, transactional_id=group,
-        transaction_timeout_ms=30_000, **kafka.client_options(),
+        transaction_timeout_ms=30_000, **(await reachable(kafka)).client_options(),
     )  # fmt: skip
     await started(client)  # fences a run with the same key still going
     async with stopping(client):

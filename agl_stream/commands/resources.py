@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from agl_stream.bus.codec import Codec, DecodeError
-from agl_stream.bus.kafka import consumer, started
+from agl_stream.bus.kafka import consumer, reachable, started
 from agl_stream.bus.streams import EVENT_TYPE_HEADER, EventStream, Topics, read_partition_from
 from agl_stream.events import ResourcesPublished
 from agl_stream.events.resources import PIN_ONLY, Resource
@@ -289,7 +289,8 @@ class ResourcesPublisher:
         if self._producer is None:
             self._producer = AIOKafkaProducer(
                 acks="all", enable_idempotence=True,
-                transactional_id=f"{self.tp.topic}.publisher", **self.kafka.client_options(),
+                transactional_id=f"{self.tp.topic}.publisher",
+                **(await reachable(self.kafka)).client_options(),
             )  # fmt: skip
             # Its start fences the lane's previous holder.
             await _within(started(self._producer), "starting the publishing producer")

@@ -45,6 +45,7 @@ from agl_stream.bus.kafka import (
     end_offsets,
     last_committed,
     quick_transaction_retries,
+    reachable,
     started,
 )
 from agl_stream.bus.streams import EventPublisher, Topics
@@ -238,7 +239,7 @@ class Core:
             linger_ms=0,
             # (and its other partitions' retries: aiokafka's default is 100 ms)
             retry_backoff_ms=TRANSACTION_RETRY_MS,
-            **self.kafka.client_options(),
+            **(await reachable(self.kafka)).client_options(),
         )
         await started(self._producer)  # fences any earlier store on these topics
         # A transaction the fenced store had asked to commit may have ended since: what it
