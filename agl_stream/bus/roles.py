@@ -44,6 +44,12 @@ class Scaling(BaseModel):
         return partitions[self.max.removeprefix("partitions of ")]
 
 
+def group_for(topic_prefix: str, name: str) -> str:
+    """A consumer group's name under a topic prefix (agl. and runners -> agl-runners), so
+    that deployments sharing a cluster never share a group."""
+    return f"{topic_prefix.rstrip('.') or 'agl'}-{name}"
+
+
 class RoleSpec(BaseModel):
     """One worker role."""
 
@@ -59,9 +65,8 @@ class RoleSpec(BaseModel):
     limits: dict[str, tuple[int, int]] = Field(default_factory=dict)
 
     def group_id(self, topic_prefix: str) -> str:
-        """The consumer group of this role under a topic prefix (agl. -> agl-runners), so
-        that deployments sharing a cluster never share a group."""
-        return f"{topic_prefix.rstrip('.') or 'agl'}-{self.group}"
+        """The consumer group of this role under a topic prefix (agl. -> agl-runners)."""
+        return group_for(topic_prefix, self.group)
 
     def limit(self, option: str) -> tuple[int, int]:
         """The [least, most] an option of this role takes."""

@@ -261,6 +261,7 @@ def gateway(
     token of its own).
     """
     from agl_stream.bus.kafka import producer
+    from agl_stream.bus.roles import group_for
     from agl_stream.bus.streams import EventPublisher, Topics
     from agl_stream.events import RolloutMode
     from agl_stream.gateway.proxy import Gateway
@@ -306,7 +307,7 @@ def gateway(
             lost = restarting(
                 lambda: end_idle_attempts(
                     kafka, lost_after,
-                    f"{kafka.topic_prefix.rstrip('.')}-gateway-sessions-lost", stop,
+                    group_for(kafka.topic_prefix, "gateway-sessions-lost"), stop,
                     proxy.counts, SESSIONS_LOST,
                 ),
                 "ending lost sessions",

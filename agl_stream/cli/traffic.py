@@ -137,6 +137,7 @@ def ingest_otlp(
     import asyncio
 
     from agl_stream.bus.kafka import producer
+    from agl_stream.bus.roles import group_for
     from agl_stream.bus.streams import EventPublisher, Topics
     from agl_stream.bus.topic_admin import ensure_topics_ready
     from agl_stream.cli.common import listening_on, stop_on_signals
@@ -176,7 +177,7 @@ def ingest_otlp(
             if idle_timeout > 0:
                 # Ingesters side by side share this group's partitions; a failure is logged
                 # and it starts again from the cut it committed.
-                idle_group = f"{kafka.topic_prefix.rstrip('.')}-otlp-idle"
+                idle_group = group_for(kafka.topic_prefix, "otlp-idle")
                 ending = restarting(
                     lambda: end_idle_attempts(
                         kafka, idle_timeout, idle_group, stop, ingester.counts

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,6 +20,7 @@ from hypothesis.errors import NonInteractiveExampleWarning
 
 from agl_stream.bus.streams import ConsumedEvent, EventStream
 from agl_stream.events import Event
+from agl_stream.runtime.config import KafkaSettings, child_environment
 
 E = TypeVar("E", bound=Event)
 
@@ -58,6 +61,24 @@ async def invoke_cli(*args: str) -> Result:
     from agl_stream.cli.main import cli
 
     return await asyncio.to_thread(CliRunner().invoke, cli, list(args))
+
+
+@contextlib.asynccontextmanager
+async def cli_process(
+    kafka: KafkaSettings, *args: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`agl-stream ARGS` as a process on these topics (its output dropped), stopped with
+    SIGTERM at the end unless the test ended it otherwise."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_stream.cli.main", *args, env=child_environment(kafka),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
 
 
 def traversable(path: Path) -> Path:

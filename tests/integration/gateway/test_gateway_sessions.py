@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import signal
-import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import ModuleType
 
 import aiohttp
@@ -30,13 +29,13 @@ from agl_stream.events import (
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.sessions import SessionConfig
 from agl_stream.queries import ReadModel
-from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
 from agl_stream.training.model import tiny_policy
 from agl_stream.training.trajectories import Assembler, LateRewardRule
 from tests.support import ROOT
-from tests.support.helpers import eventually
+from tests.support.helpers import cli_process, eventually
 from tests.support.projection import caught_up, ends, projector_in_process
 
 TOKEN = "sessions-test-token"
@@ -151,21 +150,12 @@ async def test_sessions_become_rollouts_joined_with_their_feedback(
         assert (given.name, given.value, given.span_id) == ("feedback", 0.5, call)
 
 
-@asynccontextmanager
-async def gateway_process(
+def gateway_process(
     kafka: KafkaSettings, upstream: str, port: int, *flags: str
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agl_stream.cli.main", "gateway", "--upstream", f"{upstream}/v1",
-        "--port", str(port), *flags, env=child_environment(kafka),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            await asyncio.wait_for(process.wait(), 30)
+) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return cli_process(
+        kafka, "gateway", "--upstream", f"{upstream}/v1", "--port", str(port), *flags
+    )
 
 
 async def test_a_session_whose_gateway_was_killed_is_ended_with_the_reason(

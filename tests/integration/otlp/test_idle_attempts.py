@@ -7,25 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 
 from agl_stream.embedded.process import free_port
 from agl_stream.events import AttemptStatus, RolloutStatus
 from agl_stream.events.reward_rules import AGL_REWARD
-from agl_stream.runtime.config import KafkaSettings, child_environment
+from agl_stream.runtime.config import KafkaSettings
 from agl_stream.training.trajectories import Assembler
-from tests.support.helpers import eventually, invoke_cli
+from tests.support.helpers import cli_process, eventually, invoke_cli
 from tests.support.otlp_payloads import request, span
 from tests.support.runs import History, history
 
 IDLE = 3.0
 WAVE = 8  # traces a wave
 TRACE = 0x5AF92F3577B34DA6A3CE929D0E0E0000
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
 
 def trace_payload(n: int, spans: range, reward: float | None = None) -> bytes:
@@ -37,19 +36,10 @@ def trace_payload(n: int, spans: range, reward: float | None = None) -> bytes:
     return request(own, resource=resource).SerializeToString()
 
 
-@asynccontextmanager
-async def ingester(kafka: KafkaSettings, port: int) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agl_stream.cli.main", "ingest", "otlp", "--port", str(port),
-        "--idle-timeout", str(IDLE), env=child_environment(kafka),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(process.wait(), 30)
+def ingester(
+    kafka: KafkaSettings, port: int
+) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return cli_process(kafka, "ingest", "otlp", "--port", str(port), "--idle-timeout", str(IDLE))
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: bytes) -> None:
@@ -62,9 +52,6 @@ async def post(http: aiohttp.ClientSession, url: str, body: bytes) -> None:
             return False
 
     await eventually(taken, 60, "the receiver to take a payload")
-
-
-PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
 
 def ended(h: History) -> Counter[str]:
