@@ -34,7 +34,7 @@ class ChaosSize:
 
 
 SIZES = {
-    "ci": ChaosSize(rollouts=300, runners=3, enqueue_seconds=30, fault_every=(3, 6),
+    "ci": ChaosSize(rollouts=200, runners=3, enqueue_seconds=20, fault_every=(3, 6),
                     finish_within=240),
     "long": ChaosSize(rollouts=3000, runners=4, enqueue_seconds=300, fault_every=(4, 12),
                       finish_within=600),

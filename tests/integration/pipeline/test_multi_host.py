@@ -70,14 +70,13 @@ class Size:
     runner_cuts: int  # runner hosts cut, in turn
     broker_cuts: int  # broker hosts cut, in turn
     # The share of a phase's rollouts that must end while a broker host is cut off (the
-    # rest may end after it is back): a third in CI, where time is short (a silent broker
-    # costs each client that starts a request timeout when it bootstraps from it), all at
-    # the long setting.
+    # rest may end after it is back): a third in CI, where time is short, all at the long
+    # setting.
     end_while_broker_cut: float
 
 
 SIZES = {
-    "ci": Size(rollouts=48, sleep=4.0, runner_cuts=1, broker_cuts=1, end_while_broker_cut=1 / 3),
+    "ci": Size(rollouts=32, sleep=3.0, runner_cuts=1, broker_cuts=1, end_while_broker_cut=1 / 3),
     "long": Size(rollouts=400, sleep=4.0, runner_cuts=4, broker_cuts=3, end_while_broker_cut=1.0),
 }
 
