@@ -140,3 +140,19 @@ class SchemaRegistry:
 @cache
 def default_registry() -> SchemaRegistry:
     return SchemaRegistry(current=load_current(), released=load_released())
+
+
+def fingerprint_of(schema_text: str) -> bytes:
+    """The CRC-64-AVRO fingerprint (as on the wire) of a schema given as JSON text, such as
+    a schema registry returns; ValueError when it is no Avro schema."""
+    try:
+        canonical = to_parsing_canonical_form(json.loads(schema_text))
+    except Exception as exc:
+        raise ValueError(f"not an Avro schema: {type(exc).__name__}: {exc}") from exc
+    return bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+
+
+def record_name(version: SchemaVersion) -> str:
+    """The full name of the event's Avro record (ai.aglstream.RolloutQueued)."""
+    name = str(version.schema["name"])  # fully expanded schemas name it in full already
+    return name if "." in name else f"{version.schema.get('namespace') or NAMESPACE}.{name}"

@@ -20,6 +20,7 @@ from rich.console import Console
 from sqlalchemy.exc import DBAPIError
 
 from agl_stream.bus.kafka import KafkaCredentialsRefused
+from agl_stream.bus.registry_client import RegistryError
 from agl_stream.bus.topic_admin import TopicsNotReady
 from agl_stream.bus.topic_spec import TopicSpecError, load_topic_specs
 from agl_stream.db.problems import database_problem
@@ -110,7 +111,7 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             fail(f"bad query: {exc}", code=2)
         except TimeoutError as exc:
             fail(database_error(exc) or str(exc) or "timed out")
-        except (StackError, TopicsNotReady, TopicSpecError, MetricsError) as exc:
+        except (StackError, TopicsNotReady, TopicSpecError, MetricsError, RegistryError) as exc:
             fail(str(exc))
         except KafkaCredentialsRefused as exc:
             fail(str(exc))

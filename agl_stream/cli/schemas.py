@@ -7,9 +7,12 @@ import json
 import click
 from rich.table import Table
 
+from agl_stream.bus.codec import schema_ids
+from agl_stream.bus.registry_client import COMPATIBILITY
 from agl_stream.bus.schema_compat import compatibility_errors
 from agl_stream.bus.schema_registry import default_registry, schemas_dir, write_release
 from agl_stream.cli.common import console, friendly_errors
+from agl_stream.runtime.config import WireSettings, load
 from agl_stream.runtime.version import __version__
 
 
@@ -44,6 +47,27 @@ def show(event_type: str, canonical: bool) -> None:
         )
     version = current[event_type]
     click.echo(version.canonical if canonical else json.dumps(version.schema, indent=2))
+
+
+@schemas.command("register")
+@click.option(
+    "--registry-url",
+    help="The registry's Confluent API. [default: AGL_STREAM_SCHEMA_REGISTRY_URL]",
+)
+@friendly_errors
+def register(registry_url: str | None) -> None:
+    """Register every released schema set, then the current one, with a schema registry,
+    each subject (<topic>-<record name>) held to the compatibility `schemas check` enforces."""
+    url = load(WireSettings, schema_registry_url=registry_url).schema_registry_url
+    if url is None:
+        raise click.UsageError("give --registry-url or set AGL_STREAM_SCHEMA_REGISTRY_URL")
+    done = schema_ids(url).register_all()
+    table = Table(title=f"registered at {url} ({COMPATIBILITY})", title_justify="left")
+    for column in ("subject", "release", "id"):
+        table.add_column(column)
+    for subject, release, schema_id in done:
+        table.add_row(subject, release, str(schema_id))
+    console.print(table)
 
 
 @schemas.command("check")

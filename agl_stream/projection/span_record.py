@@ -97,7 +97,11 @@ def span_tuple_from_record(data: bytes) -> bytes | None:
     (copy_binary.COLUMNS' order), written by the compiled reader; None where that reader is
     not built, the record was written with another schema, or anything in it is for
     span_row_from_datum to judge (it words every refusal)."""
-    if _spanfast is None or data[len(MARKER) : HEADER_LENGTH] != _FINGERPRINT:
+    if (
+        _spanfast is None
+        or not data.startswith(MARKER)
+        or data[len(MARKER) : HEADER_LENGTH] != _FINGERPRINT
+    ):
         return None
     encoded: bytes | None = _spanfast.decode(data, HEADER_LENGTH)
     return encoded

@@ -225,6 +225,40 @@ class StackSettings(_Settings):
         return self
 
 
+class WireSettings(_Settings):
+    """How producers frame events on the topics, and the schema registry consumers ask about
+    the Confluent framing's schema ids (docs/operations/schema-registry.md)."""
+
+    wire: Literal["single-object", "confluent"] = Field(
+        default="single-object",
+        description="What producers write: Avro single-object encoding (no server needed) or "
+        "the Confluent schema-registry framing. Consumers read both.",
+    )
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="The registry's Confluent API (Apicurio: http://host:port/apis/ccompat/v7).",
+    )
+
+    @field_validator("schema_registry_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("expected an http:// or https:// URL of the registry's Confluent API")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _registry_for_confluent(self) -> WireSettings:
+        if self.wire == "confluent" and self.schema_registry_url is None:
+            raise ValueError(
+                "AGL_STREAM_WIRE confluent needs AGL_STREAM_SCHEMA_REGISTRY_URL, the schema "
+                "registry's Confluent API (such as http://127.0.0.1:18081/apis/ccompat/v7)"
+            )
+        return self
+
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 

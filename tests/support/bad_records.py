@@ -49,7 +49,8 @@ def bad_records(codec: Codec, topic: str) -> dict[str, bytes]:
     good = codec.encode(examples(EVENT_STRATEGIES[EVENT_TOPICS[topic]], 1)[0])
     misplaced_type = "SpanRecorded" if topic != "spans" else "WorkerHeartbeat"
     records = {
-        "random": os.urandom(64),
+        # Never a framing's first byte (00: Confluent; C3: single-object).
+        "random": b"\xff" + os.urandom(63),
         "foreign schema": foreign_record(),
         "truncated": good[: len(good) // 2],
         "wrong topic": codec.encode(examples(EVENT_STRATEGIES[misplaced_type], 1)[0]),
