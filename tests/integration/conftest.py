@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +15,8 @@ import pytest
 from agl_stream.bus.kafka import admin_client, retrying
 from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
+from agl_stream.embedded import registry_dist
+from agl_stream.embedded.process import StackError, free_port, stop
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
 from tests.support import backends
 from tests.support.backends import Backend
@@ -48,6 +51,28 @@ def testcontainers_backend() -> Iterator[Backend]:
 def backend(request: pytest.FixtureRequest) -> Backend:
     """Every test that takes `backend` runs on each backend that exists here."""
     return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Apicurio Registry for the session (in memory; each test's topics give it subjects
+    of their own): the URL of its Confluent API. Built by `make install` where Maven exists
+    (here, on first use, if not); skips, saying why, without Java or Maven."""
+    try:
+        registry_dist.registry_java()
+    except StackError as exc:
+        pytest.skip(f"no schema registry: {exc}")
+    if not registry_dist.installed() and shutil.which("mvn") is None:
+        pytest.skip(
+            "no schema registry: it is not built and Maven (mvn), which builds it, is not "
+            "installed; install Maven and run `make registry`"
+        )
+    port = free_port()
+    pid = registry_dist.start(port, tmp_path_factory.mktemp("registry") / "registry.log")
+    try:
+        yield registry_dist.url(port)
+    finally:
+        stop(pid, 10.0)
 
 
 @pytest.fixture
