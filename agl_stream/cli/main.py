@@ -26,6 +26,7 @@ from agl_stream.cli import (
     worker,
 )
 from agl_stream.cli.common import AppContext
+from agl_stream.runtime.config import ConfigError, WireSettings, load
 from agl_stream.runtime.version import __version__
 
 
@@ -58,6 +59,10 @@ def cli(
     Start here: `agl-stream up` runs a broker and PostgreSQL on this machine; `agl-stream
     status` shows what is there.
     """
+    try:
+        load(WireSettings)  # a bad wire stops every command at once, naming the setting
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     ctx.obj = AppContext(bootstrap_servers, topic_prefix, database_url)
 
 

@@ -124,10 +124,15 @@ def answers(port: int) -> bool:
         return False
 
 
-def start(port: int, log: Path, where: Path | None = None) -> int:
-    """Start the registry on 127.0.0.1:`port` (storage in memory: it forgets everything when
-    stopped) and wait until the Confluent API answers; its pid."""
+def start(port: int, log: Path, data: Path | None = None, where: Path | None = None) -> int:
+    """Start the registry on 127.0.0.1:`port` and wait until the Confluent API answers; its
+    pid. Its storage is an H2 database in the directory `data` (kept across restarts, so
+    ids stay what records on the topics carry), or in memory when None (tests)."""
     where, _ = install(where)
+    env = {}
+    if data is not None:
+        data.mkdir(parents=True, exist_ok=True)
+        env["REGISTRY_DATASOURCE_URL"] = f"jdbc:h2:file:{data.absolute()}/registry"
     argv = [
         str(registry_java()),
         "-Xmx512m",
@@ -137,7 +142,7 @@ def start(port: int, log: Path, where: Path | None = None) -> int:
         "-jar",
         str(where / RUNNER_JAR),
     ]
-    pid = spawn(argv, log)
+    pid = spawn(argv, log, env)
     try:
         wait_until(
             lambda: answers(port) or not alive(pid),

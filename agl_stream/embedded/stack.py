@@ -16,9 +16,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from agl_stream.embedded import kafka_dist, kafka_node, postgres
+from agl_stream.embedded import kafka_dist, kafka_node, postgres, registry_dist
 from agl_stream.embedded.kafka_node import BrokerSecurity, KafkaNode
-from agl_stream.embedded.process import StackError, alive, pick_port, port_free, port_open
+from agl_stream.embedded.process import (
+    StackError,
+    alive,
+    pick_port,
+    port_free,
+    port_open,
+    stop,
+)
 from agl_stream.runtime.config import StackSettings
 
 STATE_FILE = "stack.json"
@@ -47,6 +54,8 @@ class StackState:
     cluster_id: str
     nodes: tuple[NodeState, ...] = field(default_factory=tuple)
     broker: str = BROKER
+    registry_port: int | None = None  # a schema registry runs when set (`up --registry`)
+    registry_pid: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -65,11 +74,25 @@ class StackState:
     def database_url(self) -> str:
         return f"postgresql://{postgres.SUPERUSER}@127.0.0.1:{self.postgres_port}/agl_stream"
 
+    @property
+    def registry_url(self) -> str | None:
+        return None if self.registry_port is None else registry_dist.url(self.registry_port)
+
+    def registry_running(self) -> bool:
+        return (
+            self.registry_port is not None
+            and alive(self.registry_pid, "java")
+            and registry_dist.answers(self.registry_port)
+        )
+
     def environment(self) -> dict[str, str]:
-        return {
+        env = {
             "AGL_STREAM_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "AGL_STREAM_DATABASE_URL": self.database_url,
         }
+        if self.registry_url is not None:
+            env["AGL_STREAM_SCHEMA_REGISTRY_URL"] = self.registry_url
+        return env
 
     def node(self, node_id: int) -> NodeState:
         for node in self.nodes:
@@ -123,6 +146,8 @@ class EmbeddedStack:
         If a part fails to start, the parts this call started are stopped again."""
         kafka_dist.install()
         kafka_dist.java_binary()
+        if self.settings.registry:
+            registry_dist.install()
         with self._locked():
             previous = self.state()
             undo: list[Callable[[], None]] = []
@@ -191,14 +216,38 @@ class EmbeddedStack:
             postgres_port = self.settings.postgres_port
             undo.append(lambda: postgres.stop(self.home))
             postgres.start(self.home, postgres_port)
+        registry_port, registry_pid = self._registry(previous, undo)
         state = StackState(
             home=str(self.home),
             postgres_port=postgres_port,
             cluster_id=cluster_id,
             nodes=tuple(nodes),
+            registry_port=registry_port,
+            registry_pid=registry_pid,
         )
         self._save(state)
         return state
+
+    def _registry(
+        self, previous: StackState | None, undo: list[Callable[[], None]]
+    ) -> tuple[int | None, int | None]:
+        """The schema registry's port and pid: the running one, else one started now (its
+        data under home/registry), when it is asked for or ran before (on the port it had:
+        clients were told that URL)."""
+        if previous is not None and previous.registry_running():
+            return previous.registry_port, previous.registry_pid
+        earlier = previous.registry_port if previous is not None else None
+        if not self.settings.registry and earlier is None:
+            return None, None
+        port = earlier or self.settings.registry_port
+        if not port_free(port):
+            raise StackError(
+                f"port {port}, which the schema registry would use, is taken by another "
+                "process; free it or give another with --registry-port"
+            )
+        pid = registry_dist.start(port, self.home / "registry.log", self.home / "registry")
+        undo.append(lambda: stop(pid, 10.0, "java"))
+        return port, pid
 
     def _save(self, state: StackState) -> None:
         raw = asdict(state)
@@ -233,6 +282,8 @@ class EmbeddedStack:
             was_running = bool(state and any(alive(n.pid) for n in state.nodes))
             was_running = postgres.running(self.home) or was_running
             if state is not None:
+                was_running = was_running or alive(state.registry_pid, "java")
+                stop(state.registry_pid, 10.0, "java")
                 kafka_node.stop_nodes([n.pid for n in state.nodes])
             postgres.stop(self.home)
             return was_running

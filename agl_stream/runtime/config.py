@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ENV_PREFIX = "AGL_STREAM_"
 DEFAULT_BROKER_PORT = 19092
 DEFAULT_POSTGRES_PORT = 15432
+DEFAULT_REGISTRY_PORT = 18081
 
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
 
@@ -210,6 +211,11 @@ class StackSettings(_Settings):
     kafka_nodes: int = Field(
         default=1, ge=1, le=9, description="Kafka nodes (KRaft broker+controller) on loopback."
     )
+    registry: bool = Field(
+        default=False,
+        description="Also run a schema registry (Apicurio; for AGL_STREAM_WIRE=confluent).",
+    )
+    registry_port: int = Field(default=DEFAULT_REGISTRY_PORT, gt=0, lt=65536)
 
     @field_validator("home")
     @classmethod
@@ -221,6 +227,11 @@ class StackSettings(_Settings):
         if self.broker_port == self.postgres_port:
             raise ValueError(
                 f"the broker and PostgreSQL cannot both listen on port {self.broker_port}"
+            )
+        if self.registry and self.registry_port in (self.broker_port, self.postgres_port):
+            raise ValueError(
+                f"the schema registry cannot listen on port {self.registry_port}, which the "
+                "broker or PostgreSQL uses"
             )
         return self
 
@@ -297,6 +308,8 @@ FLAGS = {
     "broker_port": "--broker-port",
     "postgres_port": "--postgres-port",
     "kafka_nodes": "--kafka-nodes",
+    "registry": "--registry",
+    "registry_port": "--registry-port",
     "device": "--device",
     "dtype": "--dtype",
     "threads": "--threads",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agl_stream.embedded.stack import StackState
 from agl_stream.runtime.config import (
     ConfigError,
     DatabaseSettings,
@@ -99,3 +100,21 @@ def test_stack_home_is_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: objec
 def test_the_broker_and_postgres_need_different_ports() -> None:
     with pytest.raises(ConfigError, match="cannot both listen on port 30000"):
         load(StackSettings, broker_port=30000, postgres_port=30000)
+
+
+def test_the_schema_registry_needs_a_port_of_its_own() -> None:
+    with pytest.raises(ConfigError, match="schema registry cannot listen on port 30000"):
+        load(StackSettings, broker_port=30000, registry=True, registry_port=30000)
+    assert load(StackSettings, broker_port=30000, registry_port=30000).registry is False
+
+
+def test_a_stack_with_a_registry_tells_clients_its_url() -> None:
+    plain = StackState(home="/h", postgres_port=1, cluster_id="c")
+    assert "AGL_STREAM_SCHEMA_REGISTRY_URL" not in plain.environment()
+    with_registry = StackState.parse(
+        '{"home": "/h", "postgres_port": 1, "cluster_id": "c", "nodes": [], '
+        '"registry_port": 18081, "registry_pid": null}'
+    )
+    assert with_registry.environment()["AGL_STREAM_SCHEMA_REGISTRY_URL"] == (
+        "http://127.0.0.1:18081/apis/ccompat/v7"
+    )
