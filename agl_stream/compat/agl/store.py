@@ -215,7 +215,12 @@ class AglStreamStore(LightningStore):  # type: ignore[misc]  # Agent Lightning i
         assert self._loop is not None
 
         async def job() -> T:
-            core = await asyncio.wrap_future(started)
+            # Once started, the core is taken as it is: waiting on the finished future would
+            # cost each call another pass through the store's loop (a self-pipe wake-up).
+            if started.done() and not started.cancelled():
+                core = started.result()  # (raises what the start raised)
+            else:
+                core = await asyncio.wrap_future(started)
             return await work(core)
 
         future = asyncio.run_coroutine_threadsafe(job(), self._loop)
