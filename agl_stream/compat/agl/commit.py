@@ -140,7 +140,11 @@ class GroupCommit:
                 for staged in batch:
                     for record in staged.records:
                         sends.append(await self._publisher.send_prepared(record))
-            return [await f for f in sends]
+                # Acknowledged before the commit is asked for, not left to the commit's flush:
+                # aiokafka 0.14 fails a batch the broker refused for good without failing the
+                # transaction, so committing first could commit one that lacks a call's events.
+                metas = [await f for f in sends]
+            return metas
         except BaseException:
             for f in sends:  # the sends of an aborted transaction fail with it
                 f.add_done_callback(lambda done: done.cancelled() or done.exception())
