@@ -134,21 +134,25 @@ class GroupCommit:
                 at += n
 
     async def _commit(self, batch: Sequence[Staged]) -> list[RecordMetadata]:
+        """One transaction holding the batch's records. On any failure it is left open, not
+        aborted: the store rebuilds its state with a new producer, whose start aborts it (an
+        abort here would wait on a broker that may be the thing not answering)."""
         sends: list[asyncio.Future[RecordMetadata]] = []
         try:
-            async with self._producer.transaction():
-                for staged in batch:
-                    for record in staged.records:
-                        sends.append(await self._publisher.send_prepared(record))
-                # Acknowledged before the commit is asked for, not left to the commit's flush:
-                # aiokafka 0.14 fails a batch the broker refused for good without failing the
-                # transaction, so committing first could commit one that lacks a call's events.
-                metas = [await f for f in sends]
-            return metas
+            await self._producer.begin_transaction()
+            for staged in batch:
+                for record in staged.records:
+                    sends.append(await self._publisher.send_prepared(record))
+            # Acknowledged before the commit is asked for, not left to the commit's flush:
+            # aiokafka 0.14 fails a batch the broker refused for good without failing the
+            # transaction, so committing first could commit one that lacks a call's events.
+            metas = [await f for f in sends]
+            await self._producer.commit_transaction()
         except BaseException:
-            for f in sends:  # the sends of an aborted transaction fail with it
+            for f in sends:  # the sends of an abandoned transaction fail with it
                 f.add_done_callback(lambda done: done.cancelled() or done.exception())
             raise
+        return metas
 
     def _failed(self, batch: list[Staged], exc: BaseException) -> None:
         self.failure = exc
