@@ -2,7 +2,9 @@
 # Build deploy/'s images with podman, without Docker or a container registry:
 #   build.sh base              Debian bookworm from deb.debian.org (mmdebstrap), imported as
 #                              $BASE_IMAGE: python3, venv, pip, ca-certificates
-#   build.sh agl [EXTRAS]      deploy/Dockerfile on that base: $AGL_IMAGE (EXTRAS=s3 unless given)
+#   build.sh agl [EXTRAS]      deploy/Dockerfile on that base, then `check`: $AGL_IMAGE, by
+#                              default localhost/agl-stream:slim for EXTRAS=s3 (the default),
+#                              localhost/agl-stream:train-s3 for train,s3
 #   build.sh check [IMAGE]     the image runs: --help and each role's --help
 #   build.sh kafka|postgres    the stand-ins for compose.yaml's apache/kafka and postgres images
 #                              (deploy/image/kafka, deploy/image/postgres), tagged as
@@ -71,7 +73,8 @@ case "${1:-}" in
     image=${AGL_IMAGE:-localhost/agl-stream:$( [ "$extras" = s3 ] && echo slim || echo "$extras" | tr ',' '-')}
     timed pbuild -f deploy/Dockerfile --build-arg "PYTHON_IMAGE=$BASE_IMAGE" \
       --build-arg "EXTRAS=$extras" --build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL-}" -t "$image"
-    podman image ls "$image" ;;
+    podman image ls "$image"
+    sh "$0" check "$image" ;;
   kafka)
     ensure_tools; build_base
     timed pbuild -f deploy/image/kafka/Containerfile -t localhost/agl-kafka:4.1.1
