@@ -51,7 +51,7 @@ build_base() {
   mkdir -p "$cache"
   tarball="$cache/base-bookworm.tar"
   if [ ! -s "$tarball" ]; then
-    timed mmdebstrap --quiet --variant=minbase \
+    timed mmdebstrap --quiet --variant=minbase --format=tar \
       --include=python3,python3-venv,python3-pip,ca-certificates,passwd \
       bookworm "$tarball.part" http://deb.debian.org/debian
     mv "$tarball.part" "$tarball"

@@ -2,8 +2,10 @@
 Docker engine or registry) and run: every role's command starts, and a runner and a projector
 in containers (host network) take a task queued from here through to the read model.
 
-Marked `image`: the build takes minutes (about 1.5 with podman's layer cache warm, more cold),
-so `-m "not image"` leaves it out. It skips only where no container can run at all."""
+Marked `image` (`-m "not image"` leaves it out): 2 minutes here with nothing built before
+(mmdebstrap, the image, the test), 2 with the layers cached (the build ~1 of it, of which
+the roles' --help 20-25 s); add the install of podman, buildah, mmdebstrap and runc on a
+bare machine. It skips only where no container can run at all."""
 
 from __future__ import annotations
 
