@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--store-kill-size",
         choices=("ci", "long"),
         default="ci",
-        help="How many times the store kill test kills `agl-stream store` under load: ci (5, "
+        help="How many times the store kill test kills `agl-stream store` under load: ci (4, "
         "the default) or long (50: make store-kill).",
     )
     parser.addoption(

@@ -18,7 +18,7 @@ right after each restart, before the load goes on):
 
 Any other failure (an HTTP error status, a living store that does not answer, a span refused as
 a duplicate, a store process that dies by itself) fails the test too.
-Size: --store-kill-size ci (5 kills, the default) or long (50: make store-kill); the moments
+Size: --store-kill-size ci (4 kills, the default) or long (50: make store-kill); the moments
 of the kills come from --store-kill-seed."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class KillSize:
 
 
 SIZES = {
-    "ci": KillSize(kills=4, kill_after=(0.0, 2.0), quiet_every=2),
+    "ci": KillSize(kills=3, kill_after=(0.0, 2.0), quiet_every=2),
     "long": KillSize(kills=49, kill_after=(0.0, 6.0), quiet_every=3),
 }
 QUIET_SECONDS = 2.0

@@ -5,6 +5,7 @@ transaction holds, and that one whose records the broker refused is not committe
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 from aiokafka.errors import CorruptRecordException, ProducerFenced
 from aiokafka.structs import RecordMetadata, TopicPartition
@@ -14,8 +15,8 @@ from agl_stream.compat.agl.commit import GroupCommit
 
 
 class FakeProducer:
-    """Records each transaction's begin and commit; a send to a topic in `refused` fails like a batch the
-    broker refused for good (aiokafka 0.14 leaves the transaction committable then)."""
+    """Records each transaction's begin and commit; a send to a topic in `refused` fails like
+    a batch the broker refused for good (aiokafka 0.14 leaves the transaction committable)."""
 
     def __init__(self, refused: frozenset[str] = frozenset()) -> None:
         self.refused = refused
