@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,8 +58,10 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def built() -> subprocess.CompletedProcess[str]:
-    """`build.sh agl s3`: the slim image built, then its entry point and each role's --help run."""
+def built() -> Iterator[subprocess.CompletedProcess[str]]:
+    """`build.sh agl s3`: the slim image built, then its entry point and each role's --help run.
+    The build stage's image is removed afterwards (the base and the slim image stay, and the
+    next build starts from them)."""
     if shutil.which("podman") is None and os.geteuid() != 0:
         pytest.skip("containers cannot run here: no podman, and not root to install it")
     base = build("base")  # podman and mmdebstrap installed where missing, the base imported
@@ -67,7 +69,8 @@ def built() -> subprocess.CompletedProcess[str]:
     probe = podman("run", "--rm", "--network=host", BASE, "true", check=False)
     if probe.returncode != 0:
         pytest.skip(f"containers cannot run here: `podman run` failed: {probe.stderr[-500:]}")
-    return build("agl", "s3")
+    yield build("agl", "s3")
+    podman("image", "prune", "--force", check=False)
 
 
 @pytest.fixture(scope="module")
