@@ -222,7 +222,8 @@ def acknowledgement_seconds(settings: KafkaSettings) -> float:
 
 async def acknowledged(work: Awaitable[T], settings: KafkaSettings, what: str = "the records") -> T:
     """`work` (sends to wait for, a commit), or KafkaConnectionError with a sentence when the
-    brokers do not acknowledge it within acknowledgement_seconds."""
+    brokers do not acknowledge it within acknowledgement_seconds, or a connection closed under
+    it (aiokafka's sender then dies with "Unexpected error during batch delivery")."""
     within = acknowledgement_seconds(settings)
     try:
         return await asyncio.wait_for(work, within)
@@ -231,6 +232,29 @@ async def acknowledged(work: Awaitable[T], settings: KafkaSettings, what: str = 
             f"no broker acknowledged {what} within {within:g} s (is a broker down, or its "
             "disk full?); whether they were written is unknown"
         ) from None
+    except KafkaConnectionError:
+        raise
+    except KafkaError as exc:
+        lost = lost_connection(exc)
+        if lost is None:
+            raise
+        raise KafkaConnectionError(
+            f"a broker's connection closed before it acknowledged {what} ({lost}; is a broker "
+            "down, or its disk full?); whether they were written is unknown"
+        ) from exc
+
+
+def lost_connection(exc: BaseException) -> BaseException | None:
+    """The lost connection (KafkaConnectionError, ConnectionError) among the causes of `exc`,
+    if one is."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KafkaConnectionError | ConnectionError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 @asynccontextmanager

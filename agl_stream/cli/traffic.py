@@ -11,6 +11,7 @@ import click
 
 from agl_stream.cli.common import (
     AppContext,
+    PathType,
     console,
     err_console,
     friendly_errors,
@@ -210,9 +211,7 @@ def ingest_otlp(
     help="Conversations with rewards (SFT), LLM calls with token ids (RL), or chosen/rejected "
     "pairs of one task's attempts (DPO).",
 )
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="File (JSONL: default stdout)."
-)
+@click.option("-o", "--output", type=PathType(dir_okay=False), help="File (JSONL: default stdout).")
 @click.option(
     "--status",
     "statuses",

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from agl_stream.cli.common import (
     AppContext,
+    PathType,
     console,
     friendly_errors,
     parse_offsets,
@@ -103,7 +104,7 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      metavar="NAME,...",
                      help="Modules the adapter wraps (e.g. q_proj,v_proj); all-linear: "
                           "every linear layer but the output head."),
-        click.option("--lora-config", type=click.Path(exists=True, dir_okay=False),
+        click.option("--lora-config", type=PathType(exists=True, dir_okay=False),
                      help="A peft LoraConfig as JSON (adapter_config.json's keys), instead "
                           "of the --lora-* options."),
         click.option("--keep", type=click.IntRange(1), default=None,

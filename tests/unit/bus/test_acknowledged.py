@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from agl_stream.bus.kafka import acknowledged, acknowledgement_seconds
 from agl_stream.runtime.config import KafkaSettings, load
@@ -35,3 +35,37 @@ async def test_an_acknowledgement_in_time_is_its_result() -> None:
         return 7
 
     assert await acknowledged(sent(), settings) == 7
+
+
+async def test_a_sender_killed_by_a_closed_connection_is_said_as_a_lost_connection() -> None:
+    """What aiokafka's sender raises when a broker stops mid-transaction (seen as the broker's
+    disk filled): KafkaError("Unexpected error during batch delivery") from a KafkaError
+    from the KafkaConnectionError."""
+    settings = load(KafkaSettings, bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
+
+    async def dies() -> None:
+        try:
+            try:
+                raise KafkaConnectionError("Connection at 127.0.0.1:9 closed")
+            except KafkaConnectionError as closed:
+                raise KafkaError(repr(closed)) from closed
+        except KafkaError as exc:
+            raise KafkaError("Unexpected error during batch delivery") from exc
+
+    with pytest.raises(KafkaConnectionError) as raised:
+        await acknowledged(dies(), settings, "the queue's progress")
+    said = str(raised.value)
+    assert "a broker's connection closed before it acknowledged the queue's progress" in said
+    assert "Connection at 127.0.0.1:9 closed" in said
+    assert "whether they were written is unknown" in said
+
+
+async def test_other_kafka_errors_pass_through() -> None:
+    settings = load(KafkaSettings, bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
+
+    async def refused() -> None:
+        raise KafkaError("refused for another reason")
+
+    with pytest.raises(KafkaError, match="another reason") as raised:
+        await acknowledged(refused(), settings)
+    assert not isinstance(raised.value, KafkaConnectionError)
