@@ -9,6 +9,7 @@ test_codec.py; malformed records against running workers in the chaos test.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -104,7 +105,10 @@ def assert_sentence(message: str) -> None:
 
 
 def _check_cli(args: list[str], tmp: Path) -> None:
-    result = CliRunner().invoke(cli, args, env={**UNREACHABLE_ENV, "HOME": str(tmp)})
+    # In a folder of its own: generated arguments name output files (`export -o 0`), which
+    # were written into the checkout.
+    with contextlib.chdir(tmp):
+        result = CliRunner().invoke(cli, args, env={**UNREACHABLE_ENV, "HOME": str(tmp)})
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"agl-stream {args} raised {result.exception!r}") from (
             result.exception
