@@ -72,8 +72,14 @@ async def apply_topics(
     settings: KafkaSettings, specs: Iterable[TopicSpec] | None = None
 ) -> ApplyReport:
     """Create missing topics and correct their configs; report what cannot change in place.
-    Running it again changes nothing. Returns once every topic is in the brokers' metadata."""
+    Running it again changes nothing. Returns once every topic is in the brokers' metadata.
+    Tried again (with a new admin client) while the brokers answer a retriable error, as a
+    broker does for a moment after it was down or frozen (NodeNotReady)."""
     wanted = list(specs if specs is not None else load_topic_specs().values())
+    return await retrying(lambda: _apply(settings, wanted), "applying the topics")
+
+
+async def _apply(settings: KafkaSettings, wanted: list[TopicSpec]) -> ApplyReport:
     names = [s.full_name(settings.topic_prefix) for s in wanted]
     created: list[str] = []
     async with admin_client(settings) as admin:
