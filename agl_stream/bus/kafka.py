@@ -21,6 +21,7 @@ from aiokafka.errors import (
 )
 from aiokafka.producer import sender as aiokafka_sender
 
+from agl_stream.runtime.causes import causes
 from agl_stream.runtime.config import KafkaSettings
 from agl_stream.runtime.supervision import Unrecoverable
 
@@ -247,14 +248,9 @@ async def acknowledged(work: Awaitable[T], settings: KafkaSettings, what: str = 
 def lost_connection(exc: BaseException) -> BaseException | None:
     """The lost connection (KafkaConnectionError, ConnectionError) among the causes of `exc`,
     if one is."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KafkaConnectionError | ConnectionError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
+    return next(
+        (e for e in causes(exc) if isinstance(e, KafkaConnectionError | ConnectionError)), None
+    )
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 
 from agl_stream.db.problems import database_problem
+from agl_stream.runtime.causes import causes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,16 +41,10 @@ class DatabaseUnavailable(ConnectionError):
 
 def unavailable(exc: BaseException) -> bool:
     """Whether `exc` means PostgreSQL is away for now (rather than refusing what was asked)."""
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if _transient(error):
-            return True
-        if isinstance(error, DBAPIError) and error.connection_invalidated:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        _transient(error) or (isinstance(error, DBAPIError) and error.connection_invalidated)
+        for error in causes(exc)
+    )
 
 
 def _transient(error: BaseException) -> bool:

@@ -105,12 +105,6 @@ def install(where: Path | None = None) -> tuple[Path, bool]:
     return where, True
 
 
-def registry_java() -> Path:
-    """The Java the broker runs on (kafka_dist.java_binary: 17 or newer; the registry was
-    run on 17 and 25)."""
-    return java_binary()
-
-
 def url(port: int) -> str:
     """The base URL clients of the Confluent API use (AGL_STREAM_SCHEMA_REGISTRY_URL)."""
     return f"http://127.0.0.1:{port}{CCOMPAT_PATH}"
@@ -134,7 +128,7 @@ def start(port: int, log: Path, data: Path | None = None, where: Path | None = N
         data.mkdir(parents=True, exist_ok=True)
         env["REGISTRY_DATASOURCE_URL"] = f"jdbc:h2:file:{data.absolute()}/registry"
     argv = [
-        str(registry_java()),
+        str(java_binary()),  # the broker's Java (17 or newer; run on 17 and 25)
         "-Xmx512m",
         "-XX:+UseSerialGC",
         "-Dquarkus.http.host=127.0.0.1",
@@ -162,7 +156,7 @@ def main() -> None:
     """`python -m agl_stream.embedded.registry_dist`: what `make registry` runs."""
     try:
         where, built = install()
-        java = registry_java()
+        java = java_binary()
     except StackError as exc:
         print(f"agl-stream: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

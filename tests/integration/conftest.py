@@ -15,7 +15,7 @@ import pytest
 from agl_stream.bus.kafka import admin_client, retrying
 from agl_stream.bus.topic_admin import apply_topics
 from agl_stream.db.migrate import migrate
-from agl_stream.embedded import registry_dist
+from agl_stream.embedded import kafka_dist, registry_dist
 from agl_stream.embedded.process import StackError, free_port, stop
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, load
 from tests.support import backends
@@ -59,7 +59,7 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     of their own): the URL of its Confluent API. Built by `make install` where Maven exists
     (here, on first use, if not); skips, saying why, without Java or Maven."""
     try:
-        registry_dist.registry_java()
+        kafka_dist.java_binary()
     except StackError as exc:
         pytest.skip(f"no schema registry: {exc}")
     if not registry_dist.installed() and shutil.which("mvn") is None:
