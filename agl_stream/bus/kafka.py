@@ -352,14 +352,19 @@ async def last_committed(
     return last
 
 
-async def retrying(attempt: Callable[[], Awaitable[T]], what: str, within: float = 60.0) -> T:
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    what: str,
+    within: float = 60.0,
+    unless: Callable[[KafkaError], bool] = lambda _: False,
+) -> T:
     """Run `attempt` again while it fails with a retriable Kafka error (a node of the
     cluster down for a moment, a coordinator or leader moving), with backoff, for up to
-    `within` seconds; then, or on any other error, raise. A client's own wait that ran out
-    (KafkaTimeoutError, which aiokafka does not mark retriable) counts as retriable: a
-    long-lived client whose metadata still names a broker that went silent waits on it
-    until its metadata is refreshed (IDLE_METADATA_AGE_MS), then goes where the leaders
-    are now."""
+    `within` seconds; then, or on any other error (or one `unless` picks out), raise. A
+    client's own wait that ran out (KafkaTimeoutError, which aiokafka does not mark
+    retriable) counts as retriable: a long-lived client whose metadata still names a broker
+    that went silent waits on it until its metadata is refreshed (IDLE_METADATA_AGE_MS),
+    then goes where the leaders are now."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     delay = 0.2
@@ -368,7 +373,7 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str, within: float
             return await attempt()
         except KafkaError as exc:
             retriable = exc.retriable or isinstance(exc, KafkaTimeoutError)
-            if not retriable or loop.time() + delay > deadline:
+            if not retriable or unless(exc) or loop.time() + delay > deadline:
                 raise
             log.warning("%s failed (%r); trying again in %.1f s", what, exc, delay)
         await asyncio.sleep(delay)

@@ -74,40 +74,50 @@ async def apply_topics(
     """Create missing topics and correct their configs; report what cannot change in place.
     Running it again changes nothing. Returns once every topic is in the brokers' metadata.
     Tried again (with a new admin client) while the brokers answer a retriable error, as a
-    broker does for a moment after it was down or frozen (NodeNotReady)."""
+    broker does for a moment after it was down or frozen (NodeNotReady); brokers that never
+    accepted the first client are reported at once (nothing is up to wait for)."""
     wanted = list(specs if specs is not None else load_topic_specs().values())
-    return await retrying(lambda: _apply(settings, wanted), "applying the topics")
+    answered = False
+
+    async def attempt() -> ApplyReport:
+        nonlocal answered
+        async with admin_client(settings) as admin:
+            answered = True
+            return await _apply(admin, settings, wanted)
+
+    return await retrying(attempt, "applying the topics", unless=lambda _: not answered)
 
 
-async def _apply(settings: KafkaSettings, wanted: list[TopicSpec]) -> ApplyReport:
+async def _apply(
+    admin: AIOKafkaAdminClient, settings: KafkaSettings, wanted: list[TopicSpec]
+) -> ApplyReport:
     names = [s.full_name(settings.topic_prefix) for s in wanted]
     created: list[str] = []
-    async with admin_client(settings) as admin:
-        for _ in range(_CREATE_ROUNDS):
-            observed = await _observe(admin, names)
-            plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
-            if not plan.create:
-                break
-            response = await admin.create_topics(
-                [
-                    NewTopic(
-                        s.full_name(settings.topic_prefix),
-                        s.partitions,
-                        settings.replication_factor,
-                        topic_configs=s.configs(),
-                    )
-                    for s in plan.create
-                ]
-            )
-            created += _created(response)
-            # A topic that "already exists" was created a moment ago (by someone else, or by
-            # a test) and is not in this broker's metadata yet: look again.
-            await _until_visible(admin, names)
-        else:
-            raise TopicsNotReady(f"topics could not be created on {settings.bootstrap_servers}")
-        fixable = [d for d in plan.drift if d.fixable]
-        altered = await _alter(admin, fixable)
-        await _until_configured(admin, altered)
+    for _ in range(_CREATE_ROUNDS):
+        observed = await _observe(admin, names)
+        plan = plan_topics(wanted, observed, settings.topic_prefix, settings.replication_factor)
+        if not plan.create:
+            break
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    s.full_name(settings.topic_prefix),
+                    s.partitions,
+                    settings.replication_factor,
+                    topic_configs=s.configs(),
+                )
+                for s in plan.create
+            ]
+        )
+        created += _created(response)
+        # A topic that "already exists" was created a moment ago (by someone else, or by
+        # a test) and is not in this broker's metadata yet: look again.
+        await _until_visible(admin, names)
+    else:
+        raise TopicsNotReady(f"topics could not be created on {settings.bootstrap_servers}")
+    fixable = [d for d in plan.drift if d.fixable]
+    altered = await _alter(admin, fixable)
+    await _until_configured(admin, altered)
     left = tuple(d for d in fixable if d not in altered)
     return ApplyReport(
         created=tuple(created),

@@ -18,8 +18,9 @@ right after each restart, before the load goes on):
 
 Any other failure (an HTTP error status, a living store that does not answer, a span refused as
 a duplicate, a store process that dies by itself) fails the test too.
-Size: --store-kill-size ci (4 kills, the default) or long (50: make store-kill); the moments
-of the kills come from --store-kill-seed."""
+Size: --store-kill-size ci (3 kills, the default) or long (49: make store-kill), then more
+under load until one cut a call, and one with nothing in flight; the moments of the kills
+come from --store-kill-seed."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ SPAN_FIELDS = ("sequence_id", "trace_id", "parent_id", "name", "attributes", "st
 
 @dataclass(frozen=True)
 class KillSize:
-    kills: int  # under load; one more follows once the load has stopped
+    kills: int  # while the load runs; one more follows once it has stopped
     kill_after: tuple[float, float]  # seconds after a store process's first answer, uniformly
     # Every n-th kill comes after a quiet moment (the load paused, the projection caught up):
     # the next store then starts at once, and the kill after it finds its projector still
@@ -93,6 +94,7 @@ SIZES = {
     "long": KillSize(kills=49, kill_after=(0.0, 6.0), quiet_every=3),
 }
 QUIET_SECONDS = 2.0
+EXTRA_KILLS = 5
 
 
 @pytest.fixture
@@ -175,10 +177,16 @@ class StoreProcesses:
                 await asyncio.sleep(0.1)
         raise AssertionError(f"the store was not healthy 120 s after it started: {self.tail()}")
 
-    async def kill(self) -> None:
+    async def running(self) -> None:
         state = await self.ask("poll")
         assert state == "running", f"the store process died by itself ({state}): {self.tail()}"
+
+    async def kill(self, ledger: Ledger) -> None:
+        """SIGKILL the store process now (no await before it: what the ledger sees in flight
+        is in flight when it dies), count the kill, and reap it."""
+        ledger.kills += 1
         os.killpg(self.pid, signal.SIGKILL)
+        ledger.up.clear()  # the load waits until the restart's checks are done
         state = await self.ask("reap")
         self.pid = 0
         assert state == f"exit {-signal.SIGKILL}", state
@@ -205,6 +213,8 @@ class Ledger:
     finished: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     answered: Counter[int] = field(default_factory=Counter)
     cut: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0  # calls sent and not answered yet
+    sending: asyncio.Event = field(default_factory=asyncio.Event)  # set while in_flight > 0
     problems: list[str] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)  # what restarts' checks found
     # The rollouts enqueued and not handed out, as far as the answers tell (the algorithm
@@ -220,6 +230,8 @@ class Ledger:
         it (or the connection broke), or when it failed otherwise (recorded as a problem)."""
         await self.up.wait()
         kills = self.kills
+        self.in_flight += 1
+        self.sending.set()
         try:
             answer = await make()
         except aiohttp.ClientResponseError as exc:
@@ -241,7 +253,17 @@ class Ledger:
         else:
             self.answered[self.kills] += 1
             return answer
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self.sending.clear()
         raise Unanswered(what)
+
+    async def calling(self) -> None:
+        """Return (without a pause after) once a call is in flight."""
+        async with asyncio.timeout(30):
+            while not self.in_flight:
+                await self.sending.wait()
 
     def claimed(self, rollouts: list[AttemptedRollout], by: str) -> None:
         for r in rollouts:
@@ -568,8 +590,8 @@ async def read_back(
     """Kill the store with nothing in flight and start another, which knows only what reached
     the topics and the read model; drain its queue and read every rollout and span answered
     about; then kill it too."""
-    ledger.kills += 1
-    await stores.kill()
+    await stores.running()
+    await stores.kill(ledger)
     await stores.start()
     timeout = aiohttp.ClientTimeout(total=CALL_SECONDS)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -577,7 +599,8 @@ async def read_back(
             ledger.claimed(drained, "drain")
     stored = await read_rollouts(stores.url, ledger)
     spans = await read_spans(stores.url, ledger)
-    await stores.kill()
+    await stores.running()
+    await stores.kill(ledger)
     return stored, spans
 
 
@@ -598,20 +621,23 @@ async def kill_while_serving(
     quiet: bool,
     workers: list[asyncio.Task[None]],
 ) -> None:
-    """SIGKILL the store process `after` seconds after its first answer, under load or
-    (`quiet`) once the calls in flight have ended and the load has paused a while; start the
-    next, and before the load goes on, read every rollout answered about (later calls could
-    hide a lost claim or status: a runner's span sets a requeued rollout running)."""
+    """SIGKILL the store process `after` seconds after its first answer, under load (while a
+    call is in flight) or (`quiet`) once the calls in flight have ended and the load has
+    paused a while; start the next, and before the load goes on, read every rollout answered
+    about (later calls could hide a lost claim or status: a runner's span sets a requeued
+    rollout running)."""
     await serving(ledger)
     await asyncio.sleep(after)
     for worker in workers:
         if worker.done():  # only by a fault of the test's own: raise it
             worker.result()
-    ledger.up.clear()
     if quiet:
+        ledger.up.clear()
         await asyncio.sleep(QUIET_SECONDS)
-    ledger.kills += 1
-    await stores.kill()
+    await stores.running()
+    if not quiet:
+        await ledger.calling()
+    await stores.kill(ledger)
     await stores.start()
     stored = await read_rollouts(stores.url, ledger)
     ledger.report(rollout_problems(ledger, stored, drained=False), f"after kill {ledger.kills}")
@@ -636,8 +662,14 @@ async def test_a_store_killed_under_load_keeps_every_answer(
         workers += [asyncio.create_task(load.runner(i)) for i in range(RUNNERS)]
         try:
             for i in range(1, size.kills + 1):
-                after, quiet = rng.uniform(*size.kill_after), i % size.quiet_every == 1
+                after, quiet = rng.uniform(*size.kill_after), i % size.quiet_every == 0
                 await kill_while_serving(stores, ledger, after, quiet, workers)
+            # A call in flight may have been answered before the kill reached the store: a
+            # few more kills under load until one cut a call.
+            for _ in range(EXTRA_KILLS):
+                if sum(ledger.cut.values()) > 0:
+                    break
+                await kill_while_serving(stores, ledger, 0.0, False, workers)
             await serving(ledger)
         finally:
             load.stop.set()  # the runners finish the rollouts they hold

@@ -57,7 +57,9 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: pytest runs this module's backend-parametrised test among the other
+# modules' tests on that backend, and a module-scoped build would run twice.
+@pytest.fixture(scope="session")
 def built() -> Iterator[subprocess.CompletedProcess[str]]:
     """`build.sh agl s3`: the slim image built, then its entry point and each role's --help run.
     The build stage's image is removed afterwards (the base and the slim image stay, and the
@@ -73,7 +75,7 @@ def built() -> Iterator[subprocess.CompletedProcess[str]]:
     podman("image", "prune", "--force", check=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def image(built: subprocess.CompletedProcess[str]) -> str:
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return IMAGE

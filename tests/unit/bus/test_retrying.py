@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError, NodeNotReadyError, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    NodeNotReadyError,
+    TopicAuthorizationFailedError,
+)
 
 from agl_stream.bus.kafka import retrying
 
@@ -33,4 +38,19 @@ async def test_an_error_that_trying_again_cannot_fix_is_raised_at_once() -> None
 
     with pytest.raises(TopicAuthorizationFailedError):
         await retrying(attempt, "the end offsets", within=5)
+    assert calls == 1
+
+
+async def test_an_error_the_caller_picks_out_is_raised_at_once() -> None:
+    """`topics apply` against brokers that never accepted its first client reports them at
+    once: a retriable error, but nothing is up to wait for."""
+    calls = 0
+
+    async def attempt() -> int:
+        nonlocal calls
+        calls += 1
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9)]")
+
+    with pytest.raises(KafkaConnectionError):
+        await retrying(attempt, "applying the topics", within=5, unless=lambda _: calls == 1)
     assert calls == 1

@@ -61,7 +61,8 @@ def _brief_broker_retries() -> Iterator[None]:
     command keeps retrying while a cluster's node is down: what is checked is the sentence,
     and one such example took a minute of CI."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kafka.retrying, "__defaults__", (2.0,))
+        defaults = kafka.retrying.__defaults__ or ()
+        patch.setattr(kafka.retrying, "__defaults__", (2.0, *defaults[1:]))
         yield
 
 
