@@ -29,6 +29,10 @@ PROMPT_TOKEN_IDS = "agl.llm.prompt_token_ids"
 RESPONSE_TOKEN_IDS = "agl.llm.response_token_ids"
 RESPONSE_LOGPROBS = "agl.llm.response_logprobs"
 RESOURCES_ID = "agl.llm.resources_id"
+# The policy that answered the call: the name of its resource (a Checkpoint) in the version
+# the attempt ran on. A call without it belongs to DEFAULT_POLICY.
+POLICY = "agl.llm.policy"
+DEFAULT_POLICY = "policy"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class LLMCall:
     response_token_ids: Sequence[int] | None = None
     response_logprobs: Sequence[float] | None = None
     resources_id: str | None = None
+    policy: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def attributes(self) -> dict[str, Any]:
@@ -67,6 +72,8 @@ class LLMCall:
             attributes[RESPONSE_LOGPROBS] = [float(p) for p in self.response_logprobs]
         if self.resources_id is not None:
             attributes[RESOURCES_ID] = self.resources_id
+        if self.policy is not None:
+            attributes[POLICY] = self.policy
         return attributes
 
 

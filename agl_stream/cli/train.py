@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,7 @@ from agl_stream.cli.times import TIME
 from agl_stream.training.trajectories import TRAINED_TOPICS
 
 ALGORITHMS = ("grpo", "apo")
+POLICY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,6 +44,10 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--run-name",
                      help="Prefix of the resources ids the trainer publishes. "
                           "[default: the algorithm's name]"),
+        click.option("--policy", default="policy", show_default=True, metavar="NAME",
+                     help="The policy trained: the LLM calls that name it (agl.llm.policy; "
+                          "calls naming none are 'policy''s), the resource it publishes. "
+                          "Several policies: a trainer each, each its own --checkpoint-dir."),
         click.option("--group-size", type=click.IntRange(1), default=8, show_default=True,
                      help="Attempts of one task that make a GRPO group."),
         click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
@@ -146,6 +152,12 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
 
     if not checkpoint_dir:
         raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
+    policy = options.get("policy", "policy")
+    if not POLICY_NAME.fullmatch(policy):
+        raise click.UsageError(
+            f"--policy {policy!r}: a policy's name is 1-64 letters, digits, '_' or '-' "
+            "(it is a resource's name and part of ids and a consumer group)"
+        )
     try:
         checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
@@ -179,7 +191,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         )
     return TrainerConfig(
         checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
-        run_name=options["run_name"] or "grpo", group_size=options["group_size"],
+        run_name=options["run_name"] or "grpo", policy=policy, group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
         max_waiting=options["max_waiting"],

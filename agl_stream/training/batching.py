@@ -151,9 +151,10 @@ def build_step(
     staleness: Staleness,
     rule: RewardRule = RewardRule.FINAL,
     scale_rewards: bool = True,
+    policy: str | None = None,
 ) -> StepInput:
-    """Triplets of every trajectory, weighted by staleness, with advantages computed over the
-    triplets of each group."""
+    """Triplets of every trajectory (the calls of `policy` only, when it is given), weighted
+    by staleness, with advantages computed over the triplets of each group."""
     step = StepInput()
     pending: list[tuple[str, Trajectory, float]] = []
     for members in groups:
@@ -169,7 +170,7 @@ def build_step(
             pending.append((trajectory.group, trajectory, weight))
     rows: list[tuple[str, float, Triplet]] = []
     for group, trajectory, weight in pending:
-        adapted = build_triplets(trajectory, rule)
+        adapted = build_triplets(trajectory, rule, policy=policy)
         step.problems.extend(adapted.problems)
         step.counts["calls_without_token_ids"] += sum(
             "token ids" in p.reason for p in adapted.problems

@@ -51,9 +51,12 @@ class LocalLLM:
         max_new_tokens: int = 16,
         temperature: float = 1.0,
         resources_id: str | None = None,
+        policy: str | None = None,
         **sampling: Any,
     ) -> Answer:
-        """Sample a completion of `prompt` and record the call as a span."""
+        """Sample a completion of `prompt` and record the call as a span; `policy` names the
+        policy (the resource) the checkpoint is, for the trainer of that policy (with several
+        policies in one agent; without it the call is the default policy's)."""
         tokenizer = self.policy.tokenizer
         prompt_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         started = time.time_ns()
@@ -67,7 +70,7 @@ class LocalLLM:
             LLMCall(
                 model=self.checkpoint.uri, completion=text, prompt_text=prompt,
                 prompt_token_ids=prompt_ids, response_token_ids=completion.token_ids,
-                response_logprobs=completion.logprobs, resources_id=resources_id,
+                response_logprobs=completion.logprobs, resources_id=resources_id, policy=policy,
                 extra={"gen_ai.request.temperature": temperature,
                        "gen_ai.request.max_tokens": max_new_tokens},
             ),

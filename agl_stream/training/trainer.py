@@ -27,6 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.trace import Span
 
+from agl_stream.agent.llm import DEFAULT_POLICY
 from agl_stream.bus.kafka import consumer, producer
 from agl_stream.bus.roles import role
 from agl_stream.bus.streams import EventPublisher, EventStream, Topics
@@ -77,7 +78,6 @@ from agl_stream.training.update import PolicyUpdate, UpdateFactory
 
 log = logging.getLogger(__name__)
 
-POLICY_RESOURCE = "policy"
 MAX_PROBLEMS_KEPT = 20
 
 
@@ -86,6 +86,11 @@ class TrainerConfig:
     checkpoint_dir: str
     init_model: str = "tiny"
     run_name: str = "grpo"
+    # The policy this trainer trains: the LLM calls that name it (agl.llm.policy; a call
+    # naming none is the default policy's), the resource its versions publish, part of their
+    # ids (<run_name>-<policy>-v<n>; the default policy's are <run_name>-v<n>) and of its
+    # consumer group. Several policies: one trainer each, each with a checkpoint_dir of its own.
+    policy: str = DEFAULT_POLICY
     group_size: int = 8
     groups_per_step: int = 8
     reward_rule: RewardRule = RewardRule.FINAL
@@ -127,10 +132,12 @@ class StepReport:
     seconds: float
 
 
-def trainer_group(topic_prefix: str) -> str:
+def trainer_group(topic_prefix: str, policy: str = DEFAULT_POLICY) -> str:
     """The group the trainer commits its cut to (for `status`; its checkpoints are the truth):
-    workers/trainer.toml's."""
-    return role("trainer").group_id(topic_prefix)
+    workers/trainer.toml's, with the policy's name after it for a policy other than the
+    default."""
+    group = role("trainer").group_id(topic_prefix)
+    return group if policy == DEFAULT_POLICY else f"{group}-{policy}"
 
 
 class Trainer:
@@ -145,7 +152,7 @@ class Trainer:
         self.topics = Topics(kafka)
         self.store = CheckpointStore(config.checkpoint_dir)
         self.on_step = on_step
-        self.group_id = config.group_id or trainer_group(kafka.topic_prefix)
+        self.group_id = config.group_id or trainer_group(kafka.topic_prefix, config.policy)
         self.counts: Counter[str] = Counter()
         self.step = 0
         self.version = 0
@@ -360,6 +367,7 @@ class Trainer:
                 self.config.staleness,
                 self.config.reward_rule,
                 self.config.grpo.scale_rewards,
+                self.config.policy,
             )
         evicted, self._evicted = self._evicted, []
         step_input.used += [t.key for t in evicted]
@@ -433,6 +441,7 @@ class Trainer:
         return {
             "step": self.step,
             "run_name": self.config.run_name,
+            "policy": self.config.policy,
             "created_at": time.time(),
             "cut": {name(tp): offset for tp, offset in sorted(cut.items())},
             "consumed": {name(tp): list(r) for tp, r in sorted(consumed.items())},
@@ -476,7 +485,7 @@ class Trainer:
             named.add(latest.resources_id)
         for rid in named:
             event = self.resources.versions.get(rid)
-            policy = event.resources.get(POLICY_RESOURCE) if event else None
+            policy = event.resources.get(self.config.policy) if event else None
             step = self.store.step_of(policy.uri) if isinstance(policy, Checkpoint) else None
             if step is not None:
                 live.add(step)
@@ -532,6 +541,12 @@ class Trainer:
 
         step = int(directory.name.split("-")[1])
         state = self.store.state(step)
+        held = state.get("policy", DEFAULT_POLICY)
+        if held != self.config.policy:
+            raise ConfigError(
+                f"{self.store.root} holds the checkpoints of policy {held!r}: policy "
+                f"{self.config.policy!r} (--policy) needs a --checkpoint-dir of its own"
+            )
         self.step = state["step"]
         self.cut = {partition_of(name): offset for name, offset in state["cut"].items()}
         self.positions = dict(self.cut)
@@ -587,7 +602,7 @@ class Trainer:
             if rid in self._noted:
                 continue
             self._noted.add(rid)
-            policy = event.resources.get(POLICY_RESOURCE)
+            policy = event.resources.get(self.config.policy)
             step = self.store.step_of(policy.uri) if isinstance(policy, Checkpoint) else None
             if step is not None:
                 self.versions[rid] = step
@@ -596,9 +611,10 @@ class Trainer:
         """The version holding this store's checkpoint of `step`, if one is published (the
         trainer was stopped between publishing it and its next step)."""
         for event in self.resources.versions.values():
-            policy = event.resources.get(POLICY_RESOURCE)
+            policy = event.resources.get(self.config.policy)
             if (
                 event.metadata.get("step") == str(step)
+                and event.metadata.get("policy", DEFAULT_POLICY) == self.config.policy
                 and isinstance(policy, Checkpoint)
                 and self.store.step_of(policy.uri) == step
             ):
@@ -620,7 +636,8 @@ class Trainer:
             self.resources_id = f"{self.config.run_name}-step{self.step}"
             return
         state = await asyncio.to_thread(self.store.state, self.step)
-        metadata = {"step": str(self.step), "run_name": self.config.run_name}
+        cfg = self.config
+        metadata = {"step": str(self.step), "run_name": cfg.run_name, "policy": cfg.policy}
         if state.get("mean_reward") is not None:
             metadata["mean_reward"] = f"{state['mean_reward']:.6f}"
         for key in (
@@ -630,19 +647,22 @@ class Trainer:
             if key in state["counts"]:
                 metadata[key] = str(state["counts"][key])
         found = self._own_version(self.step)
-        if found is not None and found.resources[POLICY_RESOURCE] == checkpoint:
+        if found is not None and found.resources[cfg.policy] == checkpoint:
             event = found  # a restart finds it instead of publishing it again
         else:
             previous = self._own_version(self.step - 1) if self.step > 0 else None
             parent = self.resources_id or (previous.resources_id if previous else None)
+            prefix = (
+                cfg.run_name if cfg.policy == DEFAULT_POLICY else f"{cfg.run_name}-{cfg.policy}"
+            )
             event = await self._resources_out.publish(
                 Change(
-                    resources={POLICY_RESOURCE: checkpoint}, id_prefix=self.config.run_name,
+                    resources={cfg.policy: checkpoint}, id_prefix=prefix,
                     parent_resources_id=parent, metadata=metadata,
                     # Out already (a commit that succeeded unacknowledged): found, not doubled.
-                    same_as=lambda v: v.metadata.get("run_name") == self.config.run_name
+                    same_as=lambda v: v.metadata.get("run_name") == cfg.run_name
                     and v.metadata.get("step") == str(self.step)
-                    and v.resources.get(POLICY_RESOURCE) == checkpoint,
+                    and v.resources.get(cfg.policy) == checkpoint,
                 )
             )  # fmt: skip
         self.resources_id, self.version = event.resources_id, event.version

@@ -15,6 +15,10 @@ The reward of each call is set by a rule:
 
 A call whose span lacks prompt or response token ids cannot be trained on: it is reported
 as a problem (rollout, attempt, span) and left out, never dropped silently.
+
+With several policies, each trainer takes the calls of its own policy (the span's
+`agl.llm.policy`; a call without it is the default policy's); the rules above apply to those
+calls, the rollout's rewards shared by all its policies.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from typing import Any
 
 from agl_stream.agent.llm import (
     COMPLETION,
+    DEFAULT_POLICY,
     LLM_CALL_SPAN,
+    POLICY,
     PROMPT_JSON,
     PROMPT_TOKEN_IDS,
     RESPONSE_LOGPROBS,
@@ -79,13 +85,21 @@ class Adapted:
     problems: list[Problem] = field(default_factory=list)
 
 
-def llm_calls(trajectory: Trajectory) -> list[SpanRecorded]:
-    """The LLM-call spans that got an answer, in the order the calls ended (then by
-    sequence). A failed call (the upstream died, timed out, refused) produced no tokens."""
+def call_policy(span: SpanRecorded) -> str:
+    """The policy that answered an LLM call."""
+    return str(span.attributes.get(POLICY) or DEFAULT_POLICY)
+
+
+def llm_calls(trajectory: Trajectory, policy: str | None = None) -> list[SpanRecorded]:
+    """The LLM-call spans that got an answer (of `policy` only, when it is given), in the
+    order the calls ended (then by sequence). A failed call (the upstream died, timed out,
+    refused) produced no tokens."""
     calls = [
         s
         for s in trajectory.spans
-        if s.name == LLM_CALL_SPAN and s.status.code is not StatusCode.ERROR
+        if s.name == LLM_CALL_SPAN
+        and s.status.code is not StatusCode.ERROR
+        and (policy is None or call_policy(s) == policy)
     ]
     return sorted(calls, key=lambda s: (s.end_time_unix_nano, s.sequence))
 
@@ -132,13 +146,18 @@ def _call_rewards(
 
 
 def build_triplets(
-    trajectory: Trajectory, rule: RewardRule = RewardRule.FINAL, gamma: float = 0.9
+    trajectory: Trajectory,
+    rule: RewardRule = RewardRule.FINAL,
+    gamma: float = 0.9,
+    policy: str | None = None,
 ) -> Adapted:
+    """The triplets of a trajectory's calls (of `policy` only, when it is given)."""
     adapted = Adapted()
     rid, aid = trajectory.rollout_id, trajectory.attempt_id
-    calls = llm_calls(trajectory)
+    calls = llm_calls(trajectory, policy)
     if not calls:
-        adapted.problems.append(Problem(rid, aid, None, "no LLM call spans"))
+        of = "" if policy is None else f" of policy {policy!r}"
+        adapted.problems.append(Problem(rid, aid, None, f"no LLM call spans{of}"))
         return adapted
     if trajectory.reward is None and rule is not RewardRule.PER_CALL:
         adapted.problems.append(Problem(rid, aid, None, "no reward (no reward span)"))

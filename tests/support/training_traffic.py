@@ -44,10 +44,12 @@ def llm_span(
     messages: list[dict[str, str]] | None = None,
     completion: str = "ok",
     logprobs: Sequence[float] | None = None,
+    policy: str | None = None,
 ) -> SpanRecorded:
     call = LLMCall(
         model="m", completion=completion, messages=messages, prompt_text=None if messages else "p",
         prompt_token_ids=prompt_ids, response_token_ids=response_ids, response_logprobs=logprobs,
+        policy=policy,
     )  # fmt: skip
     return span(rollout_id, attempt_id, sequence, "agl.llm.call", at, **call.attributes())
 

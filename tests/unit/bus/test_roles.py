@@ -25,6 +25,9 @@ def test_each_role_is_defined_once_with_its_group_and_topics() -> None:
         "agl-runners", "agl-projector", "agl-trainer",
     )  # fmt: skip
     assert runner_group("team.") == "team-runners"
+    # A policy other than the default has a group of its own: its trainer's cut is its own.
+    assert trainer_group("agl.", "speaker") == "agl-trainer-speaker"
+    assert trainer_group("agl.", "policy") == "agl-trainer"
     partitions = {name: spec.partitions for name, spec in load_topic_specs().items()}
     assert role("runner").scaling.most(partitions) == partitions["tasks"]
     assert role("trainer").scaling.most(partitions) == 1

@@ -166,3 +166,10 @@ def test_an_agent_module_that_fails_to_import_is_a_sentence(
     text = said(result, 2)
     assert f"--agent: cannot import agent module '{name}'" in text
     assert problem.format(path=path, name=name) in text
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 65, "speaker/v1"])
+def test_a_policy_name_that_cannot_name_a_resource_is_refused(tmp_path: Path, name: str) -> None:
+    args = ["worker", "trainer", "--checkpoint-dir", str(tmp_path), "--policy", name]
+    text = said(CliRunner().invoke(cli, args, env=NOBODY), 2)
+    assert f"--policy {name!r}: a policy's name is 1-64 letters" in text

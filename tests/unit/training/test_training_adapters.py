@@ -214,3 +214,33 @@ def test_failed_calls_are_not_trained_on() -> None:
     adapted = build_triplets(trajectory([failed, llm_span("r", "a", 1, 20, [1], [2])]))
     assert [t.response_ids for t in adapted.triplets] == [(2,)]
     assert adapted.problems == []
+
+
+def two_policies(reward: float, rid: str = "r") -> Trajectory:
+    """A speaker's call, then a listener's, then the rollout's one reward."""
+    return trajectory([
+        llm_span(rid, "a", 0, 10, [1, 4], [5], policy="speaker"),
+        llm_span(rid, "a", 1, 20, [1, 5], [4], policy="listener"),
+        llm_span(rid, "a", 2, 25, [1, 6], [7]),  # names no policy: the default one's
+        reward_span(rid, "a", 3, 30, reward),
+    ], reward=reward, rid=rid)  # fmt: skip
+
+
+def test_each_policy_takes_only_its_own_calls_and_shares_the_reward() -> None:
+    for policy, prompt in (("speaker", (1, 4)), ("listener", (1, 5)), ("policy", (1, 6))):
+        adapted = build_triplets(two_policies(0.5), policy=policy)
+        assert [(t.prompt_ids, t.reward) for t in adapted.triplets] == [(prompt, 0.5)], policy
+    assert len(build_triplets(two_policies(0.5)).triplets) == 3  # no policy named: every call
+    missing = build_triplets(two_policies(0.5), policy="judge")
+    assert [str(p) for p in missing.problems] == [
+        "rollout r attempt a: no LLM call spans of policy 'judge'"
+    ]
+
+
+def test_a_policys_step_has_one_sample_per_trajectory_with_the_groups_advantages() -> None:
+    groups = [[two_policies(1.0, "r1"), two_policies(0.0, "r2")]]
+    for policy in ("speaker", "listener"):
+        step = build_step(groups, {"v1": 0}, 0, Staleness(), policy=policy)
+        assert [s.key[0] for s in step.samples] == ["r1", "r2"]
+        assert [s.advantage > 0 for s in step.samples] == [True, False]
+        assert step.counts["trajectories"] == 2 and step.rewards == [1.0, 0.0]
