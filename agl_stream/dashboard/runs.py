@@ -1,5 +1,6 @@
 """Training runs as the resources topic tells them (pure): the GRPO trainer publishes a
-version per step with `run_name`, `step`, `mean_reward` and counts in its metadata; APO
+version per step with `run_name`, `step`, `mean_reward` and counts in its metadata (and
+`policy`: several policies trained together are a run each, named <run_name>/<policy>); APO
 publishes each best prompt with `apo_run`, `round` and `val_score`; the real demo publishes
 each held-out evaluation (pin-only) with `heldout_run`, `heldout_step` and
 `heldout_accuracy`, a run of its own (algorithm "heldout") beside the training run."""
@@ -13,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agl_stream.agent.llm import DEFAULT_POLICY
 from agl_stream.queries.models import Resources
 
 COUNTS = ("samples", "trajectories", "dropped_stale", "downweighted_stale", "dropped_incomplete")
@@ -31,6 +33,7 @@ class RunPoint(BaseModel):
 class Run(BaseModel):
     name: str
     algorithm: str  # grpo | apo | heldout
+    policy: str | None = None  # grpo: the policy trained
     versions: int
     first_published_at: datetime
     last_published_at: datetime
@@ -40,14 +43,14 @@ class Run(BaseModel):
 
 def runs_from_versions(versions: Iterable[Resources]) -> list[Run]:
     """Every run among the versions, the most recently active first; points by step."""
-    grouped: dict[tuple[str, str], list[RunPoint]] = {}
+    grouped: dict[tuple[str, str, str | None], list[RunPoint]] = {}
     for version in versions:
         found = _point(version)
         if found is not None:
             key, point = found
             grouped.setdefault(key, []).append(point)
     runs = []
-    for (algorithm, name), unordered in grouped.items():
+    for (algorithm, name, policy), unordered in grouped.items():
         points = _with_throughput(sorted(unordered, key=lambda p: (p.step, p.published_at)))
         times = [p.published_at for p in points]
         rewards = [p.reward for p in points if p.reward is not None]
@@ -55,6 +58,7 @@ def runs_from_versions(versions: Iterable[Resources]) -> list[Run]:
             Run(
                 name=name,
                 algorithm=algorithm,
+                policy=policy,
                 versions=len(points),
                 first_published_at=min(times),
                 last_published_at=max(times),
@@ -76,14 +80,17 @@ def _with_throughput(points: list[RunPoint]) -> list[RunPoint]:
     return out
 
 
-def _point(version: Resources) -> tuple[tuple[str, str], RunPoint] | None:
+def _point(version: Resources) -> tuple[tuple[str, str, str | None], RunPoint] | None:
     m = version.metadata
+    key: tuple[str, str, str | None]
     if "run_name" in m and "step" in m:
-        key, step, reward = ("grpo", m["run_name"]), m["step"], m.get("mean_reward")
+        policy = m.get("policy", DEFAULT_POLICY)
+        name = m["run_name"] if policy == DEFAULT_POLICY else f"{m['run_name']}/{policy}"
+        key, step, reward = ("grpo", name, policy), m["step"], m.get("mean_reward")
     elif "apo_run" in m and "val_score" in m:
-        key, step, reward = ("apo", m["apo_run"]), m.get("round", "0"), m["val_score"]
+        key, step, reward = ("apo", m["apo_run"], None), m.get("round", "0"), m["val_score"]
     elif "heldout_run" in m and "heldout_accuracy" in m:
-        key = ("heldout", m["heldout_run"])
+        key = ("heldout", m["heldout_run"], None)
         step, reward = m.get("heldout_step", "0"), m["heldout_accuracy"]
     else:
         return None
