@@ -236,6 +236,12 @@ def ingest_otlp(
     help="Each attempt's reward is the late reward NAME (`agl-stream reward`) instead of its own.",
 )
 @click.option("--min-reward", type=float, help="Only attempts whose reward reaches this.")
+@click.option(
+    "--policy",
+    metavar="NAME",
+    help="Only the LLM calls of this policy (several policies trained together; calls that "
+    "name none are 'policy''s).",
+)
 @read_model_option("Export from")
 @click.pass_obj
 @friendly_errors
@@ -252,6 +258,7 @@ def export_command(
     until: datetime | None,
     reward_name: str | None,
     min_reward: float | None,
+    policy: str | None,
     read_model: str | None,
 ) -> None:
     """Export datasets from the read model: transcripts and triplets with their rewards, or
@@ -272,6 +279,7 @@ def export_command(
             attempt_status=statuses, modes=modes,
             metadata=parse_key_values(metadata, "--metadata") or None, since=since, until=until,
             reward_name=reward_name, min_reward=min_reward, by_group=kind == "pairs",
+            policy=policy,
         )  # fmt: skip
     except ExportError as exc:
         raise click.UsageError(str(exc)) from None

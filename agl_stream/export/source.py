@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from agl_stream.agent.llm import LLM_CALL_SPAN
+from agl_stream.agent.llm import DEFAULT_POLICY, LLM_CALL_SPAN, POLICY
 from agl_stream.db.migrate import check_schema_name
 from agl_stream.export.records import AttemptCalls
 from agl_stream.projection.store import active_read_model, connect
@@ -30,6 +30,7 @@ class ExportFilter:
     reward_name: str | None = None  # a late reward's name; None: the attempt's final reward
     min_reward: float | None = None
     by_group: bool = False  # ordered by task group (for preference pairs)
+    policy: str | None = None  # only the calls of this policy (agl.llm.policy)
 
     def __post_init__(self) -> None:
         if self.since and self.until and self.since >= self.until:
@@ -66,6 +67,11 @@ def query(schema: str, f: ExportFilter) -> tuple[str, list[Any]]:
         _NAMED_REWARD.format(schema=q, name=arg(f.reward_name)) if f.reward_name else "a.reward"
     )
     minimum = "" if f.min_reward is None else f"WHERE c.reward >= {arg(f.min_reward)}"
+    policy = (
+        ""
+        if f.policy is None
+        else f"AND coalesce(s.attributes->>'{POLICY}', '{DEFAULT_POLICY}') = {arg(f.policy)}"
+    )
     group = "coalesce(c.metadata->>'group', c.input::text), " if f.by_group else ""
     sql = f"""
         WITH chosen AS MATERIALIZED (
@@ -78,7 +84,7 @@ def query(schema: str, f: ExportFilter) -> tuple[str, list[Any]]:
                s.attributes
         FROM chosen c JOIN {q}.spans s
           ON s.rollout_id = c.rollout_id AND s.attempt_id = c.attempt_id
-         AND s.name = '{LLM_CALL_SPAN}' AND s.status_code <> 'ERROR'
+         AND s.name = '{LLM_CALL_SPAN}' AND s.status_code <> 'ERROR' {policy}
         {minimum}
         ORDER BY {group}c.rollout_id, c.attempt_id, s.end_time_unix_nano, s.sequence
     """

@@ -41,7 +41,11 @@ async def test_datasets_are_exported_by_filter_and_reward(
         *_conversation("r2", "x", "no", 0.0),
         *_conversation("r3", "x", "x?", 0.5),
         *_conversation("r4", "y", "y!", 0.25),
-    ]
+        *attempt_records("r5", [  # two policies' calls in one attempt
+            llm_span("r5", "r5-a", 0, 10, [1, 4], [5], completion="b", policy="speaker"),
+            llm_span("r5", "r5-a", 1, 20, [1, 5], [4], completion="a", policy="listener"),
+        ], attempt_id="r5-a", reward=1.0, group="z"),
+    ]  # fmt: skip
     async with producer(kafka) as prod:
         publisher = EventPublisher(prod, Topics(kafka))
         for (topic, _), event in records:
@@ -70,18 +74,30 @@ async def test_datasets_are_exported_by_filter_and_reward(
     named = await invoke_cli(*url, "export", "--reward", "thumbs", "--mode", "train")
     assert named.exit_code == 0, named.output
     got = {(t["rollout_id"], t["reward"]) for t in map(json.loads, named.stdout.splitlines())}
-    assert got == {("r1", None), ("r2", 0.1), ("r3", None), ("r4", 0.7)}
+    assert got == {("r1", None), ("r2", 0.1), ("r3", None), ("r4", 0.7), ("r5", None)}
 
     parquet = tmp_path / "triplets.parquet"
     done = await invoke_cli(*url, "export", "--kind", "triplets", "--format", "parquet",
                             "-o", str(parquet))  # fmt: skip
     assert done.exit_code == 0, done.output
     table = pq.read_table(parquet).to_pylist()
-    assert len(table) == 8
+    assert len(table) == 10
     first = next(t for t in table if t["rollout_id"] == "r1" and t["call_index"] == 1)
     assert (first["prompt_token_ids"], first["response_token_ids"]) == ([1, 2, 3, 4], [5, 6])
     assert first["response_logprobs"] == [-0.1, -0.2] and first["completion"] == "x!"
     assert first["metadata"] == [("group", "x")] and first["reward"] == 1.0
+
+    by_policy = {
+        "listener": [("r5", "a")],
+        "speaker": [("r5", "b")],
+        "policy": [("r1", "hm"), ("r1", "x!"), ("r3", "hm"), ("r3", "x?")],  # naming none
+    }
+    for policy, calls in by_policy.items():
+        mine = await invoke_cli(*url, "export", "--kind", "triplets", "--policy", policy,
+                                "--min-reward", "0.5")  # fmt: skip
+        assert mine.exit_code == 0, mine.output
+        rows = [json.loads(line) for line in mine.stdout.splitlines()]
+        assert [(t["rollout_id"], t["completion"]) for t in rows] == calls, policy
 
     pairs = await invoke_cli(*url, "export", "--kind", "pairs")
     assert pairs.exit_code == 0, pairs.output
