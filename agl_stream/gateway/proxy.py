@@ -20,7 +20,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
-from agl_stream.agent.llm import LLMCall, record_llm_call
+from agl_stream.agent.llm import POLICY, LLMCall, record_llm_call
 from agl_stream.agent.tracing import AttemptRecorder, Tracing, current_recorder
 from agl_stream.bus.codec import Codec
 from agl_stream.bus.kafka import MAX_RECORD_BYTES
@@ -28,7 +28,7 @@ from agl_stream.bus.streams import EventPublisher
 from agl_stream.events import LLM, SpanRecorded
 from agl_stream.events.spans import too_large_stand_in
 from agl_stream.gateway.events import BadEvents, parse_events
-from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog
+from agl_stream.gateway.recording import UNATTRIBUTED, AttemptRoute, CallLog, policy_routes
 from agl_stream.gateway.reward_route import RewardEndpoint
 from agl_stream.gateway.routes import (
     ENDPOINTS,
@@ -144,7 +144,10 @@ class Gateway:
         at this gateway. With a `key`, the attempt's URLs (its LLMs' and its event URL) refuse
         any call that does not carry it as a bearer token."""
         upstreams = {name: r.endpoint for name, r in resources.items() if isinstance(r, LLM)}
-        route = AttemptRoute(recorder, upstreams, resources_id, parent, key=key)
+        policies, served = policy_routes(resources)
+        route = AttemptRoute(
+            recorder, upstreams, resources_id, parent, key=key, policies=policies, served=served
+        )
         self.routes[(recorder.rollout_id, recorder.attempt_id)] = route
         routed = dict(resources)
         for name in upstreams:
@@ -339,7 +342,8 @@ class Gateway:
         if route is not None and task is not None:
             route.calls.add(task)
         try:
-            return await self._call(request, kind, upstream_url(upstream, endpoint), route)
+            resource = identity.resource if identity is not None else ""
+            return await self._call(request, kind, (upstream, endpoint, resource), route)
         finally:
             if route is not None and task is not None:
                 route.calls.discard(task)
@@ -353,13 +357,24 @@ class Gateway:
         return route.upstreams.get(identity.resource)
 
     async def _call(
-        self, request: web.Request, kind: CallKind, url: str, route: AttemptRoute | None
+        self,
+        request: web.Request,
+        kind: CallKind,
+        to: tuple[str, str, str],
+        route: AttemptRoute | None,
     ) -> web.StreamResponse:
+        """A recorded call `to` (upstream, endpoint, the LLM resource called); one naming a
+        policy of its attempt goes to that policy's upstream."""
+        upstream, endpoint, resource = to
         try:
             body = parse_request(await request.read())
         except BadRequest as exc:
             return _error(400, str(exc), "invalid_request_error")
         recorded = _Recorded(self, route, CallRecord(kind, body))
+        if route is not None:
+            recorded.policy = route.policy_of(resource, body.get("model"))
+            upstream = route.policies.get(recorded.policy or "", upstream)
+        url = upstream_url(upstream, endpoint)
         if route is not None:
             route.recorder.touch()
             recorded.headers.update(route.answer_headers)
@@ -487,6 +502,7 @@ class _Recorded:
         self.done = False
         self.headers: dict[str, str] = {}  # for the answer (a session's ids)
         self.span_id: str | None = None  # the call's span, once recorded
+        self.policy: str | None = None  # the policy that answers it (several policies)
 
     def finish(self, served_by: str | None, error: str | None) -> None:
         if self.done:
@@ -497,6 +513,8 @@ class _Recorded:
             extra["agl.gateway.stream_chunks"] = self.record.chunks
         route = self.route
         resources_id = served_by or (route.resources_id if route is not None else None)
+        if self.policy is not None:
+            extra[POLICY] = self.policy
         call: LLMCall = self.record.call(resources_id, extra)
         recorder = route.recorder if route is not None else self.gateway.log
         counts = self.gateway.counts

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from agl_stream.agent.spans import to_event
 from agl_stream.agent.tracing import AttemptRecorder
-from agl_stream.events import SpanRecorded
+from agl_stream.events import LLM, Checkpoint, SpanRecorded
 
 # The rollout id of calls that reached a gateway without an attempt's URL.
 UNATTRIBUTED = "unattributed"
@@ -37,6 +37,17 @@ class AttemptRoute:
     key: str | None = None
     # Headers every answer on this route carries (a gateway session's rollout and attempt).
     answer_headers: Mapping[str, str] = field(default_factory=dict)
+    # Several policies: policy name -> the upstream serving it, and LLM resource name -> the
+    # policy it serves (policy_routes says which).
+    policies: Mapping[str, str] = field(default_factory=dict)
+    served: Mapping[str, str] = field(default_factory=dict)
+
+    def policy_of(self, resource: str, model: object) -> str | None:
+        """The policy a call names: the model it asks for when that is one of the attempt's
+        policies, else the one its LLM resource serves (None: no policy, the default)."""
+        if isinstance(model, str) and model in self.policies:
+            return model
+        return self.served.get(resource)
 
     async def drain(self, grace_seconds: float) -> None:
         """Wait for calls in flight to end; cancel those still running after the grace (each
@@ -49,6 +60,18 @@ class AttemptRoute:
             task.cancel()
         if late:
             await asyncio.wait(late, timeout=grace_seconds)
+
+
+def policy_routes(resources: Mapping[str, object]) -> tuple[dict[str, str], dict[str, str]]:
+    """With several policies, an attempt's version holds a Checkpoint resource per policy and
+    an LLM resource serving each, whose model is the policy's name: (policy name -> that
+    LLM's endpoint, LLM resource name -> policy name)."""
+    policies = {name for name, r in resources.items() if isinstance(r, Checkpoint)}
+    llms = {n: r for n, r in resources.items() if isinstance(r, LLM) and r.model in policies}
+    endpoints: dict[str, str] = {}
+    for llm in llms.values():
+        endpoints.setdefault(llm.model, llm.endpoint)
+    return endpoints, {name: llm.model for name, llm in llms.items()}
 
 
 def call_log_id() -> str:

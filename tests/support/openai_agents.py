@@ -70,3 +70,14 @@ async def _keep_calling(client: openai.AsyncOpenAI, task: dict[str, Any], model:
 
     await asyncio.gather(*(one() for _ in range(task.get("parallel", 3))))
     return float(done * 1000 + failures)
+
+
+async def speaker_then_listener(task: dict[str, Any], llm: Any) -> float:
+    """Two policies through one LLM resource: the model named in each call picks the policy
+    (the gateway routes it to the server of that policy)."""
+    async with _client(llm) as client:
+        said = await client.completions.create(model="speaker", prompt=task["say"], max_tokens=3)
+        heard = said.choices[0].text
+        await client.completions.create(model="listener", prompt=heard or ".", max_tokens=3)
+        await client.completions.create(model=llm.model, prompt="again", max_tokens=2)
+    return 1.0

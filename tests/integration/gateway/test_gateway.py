@@ -11,12 +11,14 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
 from agl_stream.agent.llm import (
     COMPLETION,
+    POLICY,
     PROMPT_JSON,
     PROMPT_TOKEN_IDS,
     RESOURCES_ID,
@@ -26,14 +28,14 @@ from agl_stream.agent.llm import (
 from agl_stream.bus.kafka import producer
 from agl_stream.bus.streams import EventPublisher, Topics
 from agl_stream.embedded.process import free_port
-from agl_stream.events import LLM, AttemptStatus, SpanRecorded, StatusCode
+from agl_stream.events import LLM, AttemptStatus, Checkpoint, SpanRecorded, StatusCode
 from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.recording import UNATTRIBUTED
 from agl_stream.queries import NotFound, ReadModel
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
 from agl_stream.serving.engine import Loaded
 from agl_stream.serving.server import PolicyServer
-from agl_stream.training.model import tiny_chat_policy
+from agl_stream.training.model import content_hash, save_policy, tiny_chat_policy
 from benchmarks import stub_upstream
 from tests.support.helpers import eventually
 from tests.support.projection import projector_in_process
@@ -269,3 +271,45 @@ async def test_an_error_event_mid_stream_records_the_call_as_failed(kafka: Kafka
     finally:
         await upstream.cleanup()
     assert gateway.counts["failed"] == 1 and gateway.counts["calls"] == 1
+
+
+async def test_a_call_naming_a_policy_goes_to_its_server_and_its_span_names_it(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Several policies: the attempt's version holds a checkpoint per policy and an LLM serving
+    each (its model the policy's name). A call through either LLM resource that names a
+    policy as its model is answered by that policy's server; every call's span names the
+    policy that answered (what each policy's trainer takes)."""
+    servers, resources = [], {}
+    try:
+        for seed, name in enumerate(("speaker", "listener"), start=1):
+            policy = tiny_chat_policy(seed=seed)
+            directory = tmp_path / name
+            save_policy(policy, directory)
+            made = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
+            resources[name] = made
+            server = PolicyServer(model_name=name)
+            server.load(Loaded(policy, f"{name}-v1"))
+            url = await server.start("127.0.0.1", 0)
+            servers.append(server)
+            resources[f"{name}_llm"] = LLM(endpoint=f"{url}/v1", model=name)
+        # The agent is handed `llm`: the speaker's LLM resource under the usual name.
+        resources["llm"] = resources.pop("speaker_llm")
+        await publish_resources(kafka, "two-v1", **resources)
+        ids = await queue(kafka, [{"say": "a"}, {"say": "b"}])
+        async with runner_in_process(kafka, "tests.support.openai_agents:speaker_then_listener"):
+            h = await wait_terminal(kafka, ids, 90)
+    finally:
+        for server in servers:
+            await server.stop()
+    for rollout_id in ids:
+        (finished,) = h.finished[rollout_id]
+        assert finished.status is AttemptStatus.SUCCEEDED, finished.error
+        calls = sorted(
+            (s for s in h.spans[finished.attempt_id] if s.name == CALL),
+            key=lambda s: s.end_time_unix_nano,
+        )
+        answered = [(c.attributes.get(POLICY), c.attributes[RESOURCES_ID]) for c in calls]
+        assert answered == [
+            ("speaker", "speaker-v1"), ("listener", "listener-v1"), ("speaker", "speaker-v1"),
+        ]  # fmt: skip
