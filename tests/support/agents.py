@@ -82,3 +82,20 @@ def leaky(task: dict[str, Any]) -> float:
     them before the spans leave it)."""
     emit_message(f"mail {task['email']} with {task['key']}", api_key=task["key"], to=task["email"])
     return 1.0
+
+
+@rollout
+def two_policies_echo(
+    task: dict[str, Any], speaker: Checkpoint, listener: Checkpoint, rollout: Rollout
+) -> float:
+    """Two policies in one attempt: the speaker echoes the letter, the listener echoes what
+    the speaker said; the reward (shared) scores the listener's answer."""
+    set_threads(1)
+    rid = rollout.resources_id
+    said = local_llm(speaker).complete(
+        f"<bos> {task['letter']}", max_new_tokens=1, resources_id=rid, policy="speaker"
+    )
+    heard = local_llm(listener).complete(
+        f"<bos> {said.text}", max_new_tokens=ANSWER_WORDS, resources_id=rid, policy="listener"
+    )
+    return score(task["letter"], heard.text)

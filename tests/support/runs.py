@@ -144,6 +144,7 @@ async def trainer_process(
     run_name: str,
     group_size: int,
     groups_per_step: int,
+    *extra: str,
 ) -> asyncio.subprocess.Process:
     """`worker trainer` as a process, its output appended to `log`."""
     with log.open("ab") as out:
@@ -151,5 +152,5 @@ async def trainer_process(
             sys.executable, "-m", "agl_stream.cli.main", "worker", "trainer",
             "--checkpoint-dir", str(checkpoints), "--run-name", run_name,
             "--group-size", str(group_size), "--groups-per-step", str(groups_per_step),
-            "--heartbeat", "1", env=child_environment(kafka), stdout=out, stderr=out,
+            "--heartbeat", "1", *extra, env=child_environment(kafka), stdout=out, stderr=out,
         )  # fmt: skip

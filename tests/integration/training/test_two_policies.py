@@ -1,0 +1,127 @@
+"""Two policies trained together, a trainer each (`worker trainer --policy`), on the attempts
+of one agent that calls both: kill -9 one trainer again and again while both train. The
+killed one goes on from its own checkpoints; the other never notices: each lineage shows
+every attempt trained on exactly once, each version names only its own policy's checkpoint
+in its own directory, and the ids and consumer groups of the two never mix."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from asyncio.subprocess import Process
+from pathlib import Path
+
+import pytest
+
+from agl_stream.bus.kafka import admin_client
+from agl_stream.commands.resources import Change, publish_resources
+from agl_stream.events import AttemptStatus, Checkpoint, Resource
+from agl_stream.runtime.config import KafkaSettings
+from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+from agl_stream.training.trainer import trainer_group
+from tests.integration.training.test_trainer import published
+from tests.support.helpers import eventually
+from tests.support.runs import history, queue, runner_in_process, trainer_process
+
+pytestmark = pytest.mark.slow
+
+GROUPS, GROUP_SIZE, GROUPS_PER_STEP = 24, 4, 4  # 96 attempts, 6 steps a policy
+POLICIES = ("speaker", "listener")
+AGENT = "tests.support.agents:two_policies_echo"
+
+
+def trained(store: CheckpointStore) -> list[tuple[str, str]]:
+    return [(k[0], k[1]) for s in store.lineage() for k in s["used"]]
+
+
+async def test_one_policys_trainer_killed_leaves_the_other_training(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    rng = random.Random(11)
+    stores = {p: CheckpointStore(str(tmp_path / p)) for p in POLICIES}
+    logs = {p: tmp_path / f"{p}.log" for p in POLICIES}
+
+    async def start(policy: str, seed: int) -> Process:
+        return await trainer_process(
+            kafka, stores[policy].root, logs[policy], "two", GROUP_SIZE, GROUPS_PER_STEP,
+            "--policy", policy, "--seed", str(seed),
+        )  # fmt: skip
+
+    trainers = {p: await start(p, seed) for seed, p in enumerate(POLICIES, start=1)}
+    listener = trainers["listener"]
+    kills = 0
+    try:
+
+        async def firsts() -> dict[str, Resource]:
+            return {
+                e.metadata["policy"]: e.resources[e.metadata["policy"]]
+                for e in await published(kafka)
+                if e.metadata.get("run_name") == "two" and e.metadata.get("step") == "0"
+            }
+
+        async def both_first() -> bool:
+            return set(await firsts()) == set(POLICIES)
+
+        await eventually(both_first, 90, "both trainers to publish their first version")
+        # The attempts run on one version holding both policies' first checkpoints.
+        joint = Change(resources=await firsts(), id_prefix="two-joint", carry=False)
+        version = await publish_resources(kafka, joint, published_by="test")
+        async with runner_in_process(kafka, AGENT, concurrency=8):
+            for g in range(GROUPS):
+                await queue(
+                    kafka, [{"letter": "abcde"[g % 5]}] * GROUP_SIZE,
+                    metadata={"group": f"two-{g}"}, resources_id=version.resources_id,
+                )  # fmt: skip
+            for _ in range(2):
+                steps_before = len(stores["speaker"].steps())
+
+                async def progressed(n: int = steps_before) -> bool:
+                    return len(stores["speaker"].steps()) > n
+
+                await eventually(progressed, 120, "the speaker's trainer to make a step")
+                await asyncio.sleep(rng.uniform(0, 1.0))  # anywhere: mid-update, mid-write
+                trainers["speaker"].send_signal(signal.SIGKILL)
+                await trainers["speaker"].wait()
+                kills += 1
+                trainers["speaker"] = await start("speaker", 1)
+
+            async def all_trained() -> bool:
+                return all(len(trained(s)) >= GROUPS * GROUP_SIZE for s in stores.values())
+
+            await eventually(all_trained, 240, "both trainers to train on every attempt")
+            h = await history(kafka)
+        versions = await published(kafka)
+        async with admin_client(kafka) as admin:
+            groups = {g[0] for g in await admin.list_consumer_groups()}
+    finally:
+        for trainer in trainers.values():
+            if trainer.returncode is None:
+                trainer.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(trainer.wait(), 60)
+
+    assert kills == 2 and listener.returncode == 0  # stopped by the test, never killed
+    succeeded = {
+        (a.rollout_id, a.attempt_id)
+        for finished in h.finished.values()
+        for a in finished
+        if a.status == AttemptStatus.SUCCEEDED
+    }
+    assert len(succeeded) == GROUPS * GROUP_SIZE
+    for policy, store in stores.items():
+        states = store.lineage()
+        assert lineage_problems(states) == [], logs[policy].read_text()[-3000:]
+        used = trained(store)
+        assert len(used) == len(set(used)) == GROUPS * GROUP_SIZE and set(used) == succeeded
+        assert {s["policy"] for s in states} == {policy}
+        # Its own calls only: one a trajectory (the agent makes one call of each policy).
+        assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in states[1:])
+        assert len(states) == 1 + GROUPS // GROUPS_PER_STEP  # step 0, then one per step
+        own = [v for v in versions if v.metadata.get("policy") == policy]
+        assert [int(v.metadata["step"]) for v in own] == list(range(len(states)))
+        assert all(v.resources_id.startswith(f"two-{policy}-v") for v in own)
+        # Each of its versions holds its own checkpoint, from its own directory.
+        for v in own:
+            mine = v.resources[policy]
+            assert isinstance(mine, Checkpoint) and store.step_of(mine.uri) is not None
+        assert trainer_group(kafka.topic_prefix, policy) in groups
