@@ -19,7 +19,8 @@ from agl_stream.commands.resources import Change, publish_resources
 from agl_stream.events import AttemptStatus, Checkpoint, Resource
 from agl_stream.runtime.config import KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
-from agl_stream.training.trainer import trainer_group
+from agl_stream.training.retrain import resolve_range
+from agl_stream.training.trainer import Trainer, TrainerConfig, trainer_group
 from tests.integration.training.test_trainer import published
 from tests.support.helpers import eventually
 from tests.support.runs import history, queue, runner_in_process, trainer_process
@@ -125,3 +126,18 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
             mine = v.resources[policy]
             assert isinstance(mine, Checkpoint) and store.step_of(mine.uri) is not None
         assert trainer_group(kafka.topic_prefix, policy) in groups
+
+    # One policy retrained offline from the topics: its own calls of every attempt again.
+    start, until = await resolve_range(kafka, {}, {})
+    offline = TrainerConfig(
+        checkpoint_dir=str(tmp_path / "offline"), run_name="offline", policy="listener",
+        group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP, publish=False, start=start,
+        until=until,
+    )  # fmt: skip
+    await asyncio.wait_for(Trainer(kafka, offline).run(asyncio.Event()), 120)
+    again = CheckpointStore(offline.checkpoint_dir).lineage()
+    assert (
+        lineage_problems(again) == []
+        and set(trained(CheckpointStore(offline.checkpoint_dir))) == succeeded
+    )
+    assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in again[1:])
