@@ -120,7 +120,7 @@ class StepPoint:
     resources_id: str = ""  # the version this step published
 
 
-def _worker_command(role: str, *extra: str) -> list[str]:
+def worker_command(role: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "agl_stream.cli.main", "worker", role, *extra]
 
 
@@ -139,7 +139,6 @@ def workers(
     config: RunConfig, kafka: KafkaSettings, database: DatabaseSettings, port: int
 ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     """The run's processes by name, stopped (SIGTERM, then kill) on the way out."""
-    config.log_dir.mkdir(parents=True, exist_ok=True)
     env = {**child_environment(kafka, database), **config.extra_env}
     serve = [
         sys.executable, "-m", "agl_stream.cli.main", "serve", "--port", str(port),
@@ -148,7 +147,7 @@ def workers(
     ]  # fmt: skip
     commands = {
         "policy-server": serve,
-        "trainer": _worker_command(
+        "trainer": worker_command(
             "trainer", "--checkpoint-dir", str(config.checkpoint_dir.resolve()),
             "--run-name", config.run_name, "--group-size", str(config.group_size),
             "--groups-per-step", str(config.groups_per_step),
@@ -157,9 +156,9 @@ def workers(
             "--start", "latest", "--heartbeat", "2", "--init-model", config.init_model,
             *config.trainer_args,
         ),
-        "projector": _worker_command("projector", "--heartbeat", "2"),
+        "projector": worker_command("projector", "--heartbeat", "2"),
         **{
-            f"runner-{i}": _worker_command(
+            f"runner-{i}": worker_command(
                 "runner", "--agent", config.agent, "--concurrency", str(config.concurrency),
                 "--heartbeat", "2", "--grace", "5",
             )
@@ -173,10 +172,21 @@ def workers(
             sys.executable, "-m", "agl_stream.cli.main", "dashboard",
             "--port", str(config.dashboard_port),
         ]  # fmt: skip
+    with started_processes(commands, env, config.log_dir) as processes:
+        yield processes
+
+
+@contextmanager
+def started_processes(
+    commands: Mapping[str, Sequence[str]], env: Mapping[str, str], log_dir: Path
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """One process per command, by name, each logging to `log_dir`/<name>.log; stopped
+    (SIGTERM, then kill) on the way out."""
+    log_dir.mkdir(parents=True, exist_ok=True)
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, command in commands.items():
-            with (config.log_dir / f"{name}.log").open("wb") as log:  # the child keeps its copy
+            with (log_dir / f"{name}.log").open("wb") as log:  # the child keeps its copy
                 processes[name] = subprocess.Popen(
                     command, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
@@ -303,19 +313,35 @@ async def _enqueue_step(
     resources_id: str,
 ) -> None:
     """groups_per_step tasks, each queued group_size times: one GRPO group per task."""
-    sent = []
     if config.task_source is None:
         raise ValueError("RunConfig.task_source is not set: the run has no tasks to queue")
-    for group, task in enumerate(config.task_source(rng, config.groups_per_step)):
+    await enqueue_groups(
+        publisher, config.task_source(rng, config.groups_per_step), resources_id,
+        group_size=config.group_size, group_prefix=f"{config.run_name}-s{step}",
+        timeout_seconds=config.timeout_seconds,
+    )  # fmt: skip
+
+
+async def enqueue_groups(
+    publisher: EventPublisher,
+    tasks: Sequence[Any],
+    resources_id: str,
+    group_size: int,
+    group_prefix: str,
+    timeout_seconds: float,
+) -> None:
+    """Each task queued group_size times, pinned to `resources_id`: one GRPO group per task,
+    named `<group_prefix>-g<i>`."""
+    sent = []
+    for group, task in enumerate(tasks):
         options = RolloutOptions(
-            mode=RolloutMode.TRAIN, resources_id=resources_id,
-            timeout_seconds=config.timeout_seconds,
+            mode=RolloutMode.TRAIN, resources_id=resources_id, timeout_seconds=timeout_seconds,
             # A failed attempt (the policy server busy past the timeout, say) is run
             # again: a rollout lost for good would leave its GRPO group short forever.
             max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
-            metadata={"group": f"{config.run_name}-s{step}-g{group}"},
+            metadata={"group": f"{group_prefix}-g{group}"},
         )  # fmt: skip
-        for _ in range(config.group_size):
+        for _ in range(group_size):
             sent.append(await publisher.send("tasks", make_rollout(task, options)))
     await asyncio.gather(*sent)
 
