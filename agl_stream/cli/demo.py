@@ -25,6 +25,14 @@ from agl_stream.runtime.config import DatabaseSettings
     default=None,
     help="Training steps. [default: 30; with --model: 60]",
 )
+@click.option(
+    "--task",
+    type=click.Choice(["echo-letter", "two-agents"]),
+    default="echo-letter",
+    show_default=True,
+    help="echo-letter: one policy learns to echo a letter. two-agents: two policies, a "
+    "speaker and a listener with a trainer each, learn a referential game together.",
+)
 @click.option("--runners", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -91,6 +99,7 @@ def demo(
     app: AppContext,
     home: Path | None,
     steps: int | None,
+    task: str,
     runners: int,
     seed: int,
     max_staleness: int,
@@ -104,13 +113,27 @@ def demo(
     no_dashboard: bool,
 ) -> None:
     """Train a tiny model from scratch on a small agent task, on this machine's CPU (or, with
-    --model, a real pretrained model on word problems).
+    --model, a real pretrained model on word problems; with --task two-agents, two tiny
+    models, a speaker and a listener, that learn a referential game together).
 
     Starts the embedded stack (if it is not running), a trainer, a projector and runners as
     separate processes; every policy version the trainer publishes gets a step of tasks
     pinned to it. Shows the mean reward of each step, prints a summary and writes the reward
     curve as a PNG.
     """
+    if task == "two-agents":
+        if model is not None or engine != "torch" or max_staleness:
+            raise click.UsageError(
+                "--task two-agents runs two tiny models in the runners: it takes neither "
+                "--model, --engine nor --max-staleness"
+            )
+        from agl_stream.cli.demo_game import run_game_demo
+
+        run_game_demo(
+            app, home, steps=steps or 30, runners=runners, seed=seed, out_dir=out_dir,
+            keep_stack=keep_stack,
+        )  # fmt: skip
+        return
     if model is not None:
         from agl_stream.cli.demo_real import run_real_demo
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,35 @@ def plot_rewards(points: Sequence[StepPoint], path: Path, config: Any) -> Path:
     axes.set_ylabel("mean reward of the step's attempts")
     axes.set_ylim(0, 1.05)
     axes.set_title(f"agl-stream demo {config.run_name}: GRPO on a tiny model, CPU")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def plot_policies(
+    curves: Mapping[str, Sequence[StepPoint]], path: Path, title: str, chance: float | None = None
+) -> Path:
+    """One mean-reward line per policy, by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    for name, points in curves.items():
+        steps = [p.step for p in points]
+        rewards = [p.mean_reward for p in points]
+        axes.plot(steps, rewards, marker="o", markersize=3, linewidth=1.5, label=name)
+    if chance is not None:
+        axes.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance ({chance})")
+    axes.set_xlabel("step (policy version trained)")
+    axes.set_ylabel("mean reward of the step's attempts")
+    axes.set_ylim(0, 1.05)
+    axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")
     figure.tight_layout()

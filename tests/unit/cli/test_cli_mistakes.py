@@ -173,3 +173,11 @@ def test_a_policy_name_that_cannot_name_a_resource_is_refused(tmp_path: Path, na
     args = ["worker", "trainer", "--checkpoint-dir", str(tmp_path), "--policy", name]
     text = said(CliRunner().invoke(cli, args, env=NOBODY), 2)
     assert f"--policy {name!r}: a policy's name is 1-64 letters" in text
+
+
+@pytest.mark.parametrize(
+    "extra", [["--model", "smollm2-135m-instruct"], ["--engine", "vllm"], ["--max-staleness", "1"]]
+)
+def test_the_two_agent_demo_refuses_the_one_policy_demos_options(extra: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["demo", "--task", "two-agents", *extra], env=NOBODY)
+    assert "--task two-agents runs two tiny models" in said(result, 2)
