@@ -66,10 +66,17 @@ def plot_policies(
 
     path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
-    for name, points in curves.items():
+    # Policies trained on the same rollouts share their rewards: their lines coincide, so
+    # each gets a style of its own that shows through the others.
+    styles = [("-", "o", 6), ("--", "x", 5), (":", "s", 3)]
+    for i, (name, points) in enumerate(curves.items()):
+        line, marker, size = styles[i % len(styles)]
         steps = [p.step for p in points]
         rewards = [p.mean_reward for p in points]
-        axes.plot(steps, rewards, marker="o", markersize=3, linewidth=1.5, label=name)
+        axes.plot(
+            steps, rewards, linestyle=line, marker=marker, markersize=size, linewidth=1.5,
+            label=name, markerfacecolor="none",
+        )  # fmt: skip
     if chance is not None:
         axes.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance ({chance})")
     axes.set_xlabel("step (policy version trained)")
