@@ -146,15 +146,16 @@ class Pairing:
 def joint_change(
     config: TwoPolicyConfig, step: int, pair: Mapping[str, ResourcesPublished]
 ) -> Change:
-    """The version step `step`'s tasks are pinned to: the two step-`step` checkpoints alone."""
-    metadata = {"step": str(step), "run_name": config.run_name, "policies": ",".join(POLICIES)}
+    """The version step `step`'s tasks are pinned to: the two step-`step` checkpoints alone.
+    Its metadata names the run and step as joint_run and joint_step, not run_name and step:
+    those make a version a trainer's, a point of a run's curve (the dashboard's runs.py)."""
+    metadata = {"joint_run": config.run_name, "joint_step": str(step)}
     metadata.update({f"{p}_resources_id": pair[p].resources_id for p in POLICIES})
     return Change(
         resources={p: pair[p].resources[p] for p in POLICIES}, id_prefix=config.joint_prefix,
         carry=False, metadata=metadata,
-        same_as=lambda v: v.metadata.get("run_name") == config.run_name
-        and v.resources_id.startswith(f"{config.joint_prefix}-v")
-        and v.metadata.get("step") == str(step),
+        same_as=lambda v: v.metadata.get("joint_run") == config.run_name
+        and v.metadata.get("joint_step") == str(step),
     )  # fmt: skip
 
 

@@ -95,7 +95,7 @@ def _check_joint_versions(
 ) -> None:
     """Step n's tasks ran on a version holding the two step-n checkpoints and nothing else."""
     joint = {
-        int(v.metadata["step"]): v
+        int(v.metadata["joint_step"]): v
         for v in versions
         if v.resources_id.startswith(f"{config.run_name}-joint-v")
     }

@@ -4,7 +4,9 @@ pure parts: pairing the trainers' versions and the joint version it publishes.""
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 
+from agl_stream.dashboard.runs import runs_from_versions
 from agl_stream.demo.game import (
     joint_reward,
     listener_prompt,
@@ -16,6 +18,7 @@ from agl_stream.demo.game import (
 from agl_stream.demo.task import LETTERS
 from agl_stream.events import Checkpoint, ResourcesPublished
 from agl_stream.launch.two_policies import Pairing, TwoPolicyConfig, joint_change, joint_step
+from agl_stream.queries.models import Resources
 from agl_stream.training.model import tiny_policy
 
 CODE = {"a": "c", "b": "d", "c": "e", "d": "a", "e": "b"}  # the speaker's word for a letter
@@ -117,7 +120,18 @@ def test_the_joint_version_holds_the_two_checkpoints_alone() -> None:
         "listener": pairing.checkpoint("listener", 1),
     }
     assert not change.carry and change.id_prefix == "r-joint"
-    assert change.metadata["step"] == "1" and change.metadata["run_name"] == "r"
+    # Not a trainer's version: no run_name and step (the dashboard would make it a run).
+    assert change.metadata == {
+        "joint_run": "r",
+        "joint_step": "1",
+        "speaker_resources_id": "r-speaker-v4",
+        "listener_resources_id": "r-listener-v5",
+    }
+    joint = Resources(
+        resources_id="r-joint-v6", version=6, resources={}, published_by="demo",
+        parent_resources_id=None, metadata=dict(change.metadata), published_at=datetime.now(UTC),
+    )  # fmt: skip
+    assert runs_from_versions([joint]) == []  # the dashboard's runs are the trainers' alone
     point = joint_step(1, pair, "r-joint-v6")
     assert point.mean_reward == 0.25 and point.resources_id == "r-joint-v6"
     assert point.points["speaker"].samples == 64
