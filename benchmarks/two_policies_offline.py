@@ -53,10 +53,12 @@ def _drawer(policies: dict[str, Policy], generator: torch.Generator) -> Draw:
     return draw
 
 
-def run(lr: float, seed: int, steps: int, groups: int, group_size: int) -> dict[str, float]:
+def run(
+    lr: float, seed: int, steps: int, groups: int, group_size: int, scale: bool = True
+) -> dict[str, float]:
     policies = {name: initial_policy("tiny", s) for name, s in SEEDS.items()}
     updates = {
-        name: GRPO(p.model, 0, GRPOConfig(learning_rate=lr, seed=SEEDS[name]))
+        name: GRPO(p.model, 0, GRPOConfig(learning_rate=lr, seed=SEEDS[name], scale_rewards=scale))
         for name, p in policies.items()
     }
     tokenizer = policies[SPEAKER].tokenizer
@@ -77,7 +79,7 @@ def run(lr: float, seed: int, steps: int, groups: int, group_size: int) -> dict[
                 rewards.append(score(task["letter"], tokenizer.decode([heard[1]])))
                 labels.append(group)
         curve.append(sum(rewards) / len(rewards))
-        advantages = group_advantages(rewards, labels)
+        advantages = group_advantages(rewards, labels, scale=scale)
         for name, made in calls.items():
             updates[name].update(
                 [
@@ -105,12 +107,14 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--no-scale", action="store_true", help="Dr. GRPO: no division by std")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         began = time.monotonic()
-        found = run(args.lr, seed, args.steps, args.groups, args.group_size)
+        found = run(args.lr, seed, args.steps, args.groups, args.group_size, not args.no_scale)
         print(
             f"seed {seed}: first tenth {found['first']:.3f}, last tenth {found['last']:.3f} "
             f"({found['last'] / found['first']:.1f}x); trained pair {found['trained']:.3f}, "

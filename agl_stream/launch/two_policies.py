@@ -43,9 +43,10 @@ PAIRS = (("trained", "trained"), ("initial", "trained"), ("trained", "initial"))
 @dataclass(frozen=True)
 class TwoPolicyConfig:
     steps: int = 30
-    # 16, not the one-policy demo's 8: offline (benchmarks/two_policies_offline.py), all 8
-    # sampling seeds of 16 steps of 16 groups ended with the last tenth >= 3.3x the first;
-    # with 8 groups, 2 of 6 runs of 20 steps ended under 2x.
+    # 16, not the one-policy demo's 8 (benchmarks/two_policies_offline.py, offline, 24
+    # sampling seeds of 16 steps): with 16 groups 23 learned (last tenth >= 2x the first) and
+    # one collapsed (the speaker saying one word for most letters); with 8 groups, 2 of 6
+    # runs of 20 steps ended under 2x.
     groups_per_step: int = 16
     group_size: int = 8
     runners: int = 2
