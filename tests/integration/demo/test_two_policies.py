@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 # 16 steps of 16 groups (benchmarks/two_policies_offline.py, offline): 23 of 24 sampling
 # seeds pass these checks; one collapsed, its speaker saying one word for most letters. On
-# the pipeline (its sampling unseeded: concurrent rollouts), 1 run of 3 collapsed that way.
+# the pipeline (its sampling unseeded: concurrent rollouts), 1 run of 4 collapsed that way.
 STEPS = 16
 GROUPS = 16
 
