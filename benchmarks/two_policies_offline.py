@@ -54,11 +54,23 @@ def _drawer(policies: dict[str, Policy], generator: torch.Generator) -> Draw:
 
 
 def run(
-    lr: float, seed: int, steps: int, groups: int, group_size: int, scale: bool = True
+    lr: float,
+    seed: int,
+    steps: int,
+    groups: int,
+    group_size: int,
+    scale: bool = True,
+    entropy: float = 0.0,
 ) -> dict[str, float]:
     policies = {name: initial_policy("tiny", s) for name, s in SEEDS.items()}
     updates = {
-        name: GRPO(p.model, 0, GRPOConfig(learning_rate=lr, seed=SEEDS[name], scale_rewards=scale))
+        name: GRPO(
+            p.model,
+            0,
+            GRPOConfig(
+                learning_rate=lr, seed=SEEDS[name], scale_rewards=scale, entropy_coef=entropy
+            ),
+        )
         for name, p in policies.items()
     }
     tokenizer = policies[SPEAKER].tokenizer
@@ -110,11 +122,15 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--no-scale", action="store_true", help="Dr. GRPO: no division by std")
+    parser.add_argument("--entropy-coef", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         began = time.monotonic()
-        found = run(args.lr, seed, args.steps, args.groups, args.group_size, not args.no_scale)
+        found = run(
+            args.lr, seed, args.steps, args.groups, args.group_size, not args.no_scale,
+            args.entropy_coef,
+        )  # fmt: skip
         print(
             f"seed {seed}: first tenth {found['first']:.3f}, last tenth {found['last']:.3f} "
             f"({found['last'] / found['first']:.1f}x); trained pair {found['trained']:.3f}, "

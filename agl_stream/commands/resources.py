@@ -236,8 +236,8 @@ def already_published(cache: ResourceCache, change: Change) -> ResourcesPublishe
 
 
 class ResourcesPublisher:
-    """Publishes versions by the rule above. Keep one per process and reuse it: it holds
-    the publishing lane until another publisher takes it, and reads only what is new."""
+    """Publishes versions by the rule above. Keep one per process and reuse it: it reads
+    only what is new (it takes the publishing lane for each publish and lets it go after)."""
 
     def __init__(self, kafka: KafkaSettings, published_by: str) -> None:
         self.kafka = kafka
@@ -261,7 +261,12 @@ class ResourcesPublisher:
         delay = 0.05
         while True:
             try:
-                return await self._publish_once(change)
+                published = await self._publish_once(change)
+                # The lane is let go of: another publisher (a second policy's trainer, a
+                # driver) takes it next, and a producer kept would be fenced with nobody
+                # awaiting its sender (an exception never retrieved, logged at each take).
+                await self._drop_producer()
+                return published
             except KafkaError as exc:  # fenced by another publisher, or the broker failed
                 await self._drop_producer()
                 await self._drop_reader()

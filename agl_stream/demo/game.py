@@ -64,6 +64,19 @@ def tasks(rng: random.Random, count: int) -> list[dict[str, Any]]:
     return [{"letter": rng.choice(LETTERS)} for _ in range(count)]
 
 
+def seeded(rng: random.Random) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    """A copy of a task with a sampling seed of its own (drawn from `rng`): the attempts of a
+    seeded run draw the same words whenever and wherever they run."""
+    return lambda task, _: {**task, "seed": rng.getrandbits(31)}
+
+
+def draw_seed(task: dict[str, Any], attempt: int, policy: str) -> int | None:
+    """The seed of one policy's draw in one attempt of a seeded task (None: unseeded)."""
+    if not isinstance(task.get("seed"), int):
+        return None
+    return random.Random(f"{task['seed']}-{attempt}-{policy}").getrandbits(63)
+
+
 @rollout
 def referential_game(
     task: dict[str, Any], speaker: Checkpoint, listener: Checkpoint, rollout: Rollout
@@ -78,7 +91,7 @@ def referential_game(
         def complete(prompt: str) -> str:
             answer = models[name].complete(
                 prompt, max_new_tokens=1, temperature=1.0, resources_id=rollout.resources_id,
-                policy=name,
+                policy=name, seed=draw_seed(task, rollout.attempt_number, name),
             )  # fmt: skip
             return answer.text
 

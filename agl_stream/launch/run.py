@@ -329,9 +329,10 @@ async def enqueue_groups(
     group_size: int,
     group_prefix: str,
     timeout_seconds: float,
+    variant: Callable[[Any, int], Any] | None = None,
 ) -> None:
     """Each task queued group_size times, pinned to `resources_id`: one GRPO group per task,
-    named `<group_prefix>-g<i>`."""
+    named `<group_prefix>-g<i>`; `variant(task, k)` makes the k-th copy (a seed of its own)."""
     sent = []
     for group, task in enumerate(tasks):
         options = RolloutOptions(
@@ -341,8 +342,9 @@ async def enqueue_groups(
             max_attempts=3, retry_condition=(AttemptStatus.FAILED, AttemptStatus.TIMEOUT),
             metadata={"group": f"{group_prefix}-g{group}"},
         )  # fmt: skip
-        for _ in range(group_size):
-            sent.append(await publisher.send("tasks", make_rollout(task, options)))
+        for k in range(group_size):
+            copy = task if variant is None else variant(task, k)
+            sent.append(await publisher.send("tasks", make_rollout(copy, options)))
     await asyncio.gather(*sent)
 
 

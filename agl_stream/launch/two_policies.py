@@ -20,7 +20,7 @@ from pathlib import Path
 from agl_stream.bus.kafka import consumer, end_offsets, producer
 from agl_stream.bus.streams import EventPublisher, EventStream, Topics
 from agl_stream.commands.resources import Change, ResourcesPublisher, resources_partition
-from agl_stream.demo.game import LISTENER, POLICIES, SPEAKER, joint_reward, tasks
+from agl_stream.demo.game import LISTENER, POLICIES, SPEAKER, joint_reward, seeded, tasks
 from agl_stream.events import Checkpoint, ResourcesPublished
 from agl_stream.launch.run import (
     RunFailed,
@@ -230,10 +230,6 @@ async def drive(
                     pairing.add(item.event)
             while step <= config.steps and (pair := pairing.ready(step)) is not None:
                 joint = await resources.publish(joint_change(config, step, pair))
-                # Let go of the publishing lane: the trainers take it before the next joint
-                # version, and a producer left behind fenced has its sender log
-                # ProducerFenced as an exception never retrieved (on the demo's console).
-                await resources.close()
                 if step > 0:
                     steps.append(joint_step(step, pair, joint.resources_id))
                     on_step(steps[-1])
@@ -241,7 +237,7 @@ async def drive(
                     await enqueue_groups(
                         publisher, tasks(rng, config.groups_per_step), joint.resources_id,
                         group_size=config.group_size, group_prefix=f"{config.run_name}-s{step}",
-                        timeout_seconds=config.timeout_seconds,
+                        timeout_seconds=config.timeout_seconds, variant=seeded(rng),
                     )  # fmt: skip
                 step += 1
                 progressed = loop.time()

@@ -144,6 +144,10 @@ class Groups:
         return sum(len(v) for v in self._groups.values())
 
 
+def _arrival_free(t: Trajectory) -> tuple[str, int, str]:
+    return (t.input_json, t.attempt_number, t.rollout_id)
+
+
 def build_step(
     groups: Sequence[Sequence[Trajectory]],
     versions: Mapping[str, int],
@@ -154,11 +158,13 @@ def build_step(
     policy: str | None = None,
 ) -> StepInput:
     """Triplets of every trajectory (the calls of `policy` only, when it is given), weighted
-    by staleness, with advantages computed over the triplets of each group."""
+    by staleness, with advantages computed over the triplets of each group. The samples come
+    in an order that does not depend on when the attempts ended (groups by name, their
+    members by input and attempt number): with seeded sampling, a run trains the same."""
     step = StepInput()
     pending: list[tuple[str, Trajectory, float]] = []
-    for members in groups:
-        for trajectory in members:
+    for members in sorted(groups, key=lambda m: m[0].group if m else ""):
+        for trajectory in sorted(members, key=_arrival_free):
             step.used.append(trajectory.key)
             version = versions.get(trajectory.resources_id or "")
             weight = staleness.weight(version, current_version)

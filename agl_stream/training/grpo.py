@@ -15,7 +15,7 @@ import torch
 
 from agl_stream.training.batching import TrainSample
 from agl_stream.training.device import model_device
-from agl_stream.training.sampling import old_logprobs, token_batch, token_logprobs
+from agl_stream.training.sampling import old_logprobs, token_batch, token_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class GRPOConfig:
     epochs: int = 2  # passes over each batch; the clip matters from the second on
     minibatch_size: int = 32
     clip_epsilon: float = 0.2
+    # A bonus for the entropy of the policy's next-token distributions at response tokens
+    # (0: none): it keeps a policy from collapsing onto one answer before it has learned
+    # (a speaker saying one word for every letter, in the two-agent game).
+    entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     temperature: float = 1.0  # must match the sampler's
     scale_rewards: bool = True  # divide by the group's std (False: Dr. GRPO)
@@ -46,6 +50,8 @@ class GRPOConfig:
             )
         if not 0 < self.clip_epsilon < 1:
             raise ValueError(f"clip_epsilon must be in (0, 1), got {self.clip_epsilon}")
+        if not 0 <= self.entropy_coef < 1 or not math.isfinite(self.entropy_coef):
+            raise ValueError(f"entropy_coef must be in [0, 1), got {self.entropy_coef}")
 
 
 @dataclass(frozen=True)
@@ -173,16 +179,23 @@ class GRPO:
             batch = token_batch(
                 [s.prompt_ids for s in micro], [s.response_ids for s in micro], self.pad_id
             ).to(device)
-            logp = token_logprobs(self.model, batch, self.config.temperature)
+            bonus = self.config.entropy_coef
+            logp, spread = token_logprobs_and_entropy(
+                self.model, batch, self.config.temperature, entropy=bonus > 0
+            )
             old = old_logprobs([s.logprobs for s in micro], logp, batch)
             advantages = torch.tensor([s.advantage for s in micro], device=device)
             weights = torch.tensor([s.weight for s in micro], device=device)
             per_sequence, clipped = clipped_terms(
                 logp, old, advantages, batch.response_mask, self.config.clip_epsilon
             )
+            mask = batch.response_mask
+            if spread is not None:  # the mean entropy of each sequence's response tokens
+                per_sequence = per_sequence - bonus * (spread * mask).sum(-1) / mask.sum(-1).clamp(
+                    min=1
+                )
             loss = (per_sequence * weights).sum() / total_weight
             loss.backward()  # type: ignore[no-untyped-call]
-            mask = batch.response_mask
             loss_sum += float(loss.detach())
             clipped_sum += float(clipped)
             kl_sum += float(((old - logp.detach()) * mask).sum())

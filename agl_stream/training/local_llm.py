@@ -52,11 +52,15 @@ class LocalLLM:
         temperature: float = 1.0,
         resources_id: str | None = None,
         policy: str | None = None,
+        seed: int | None = None,
         **sampling: Any,
     ) -> Answer:
         """Sample a completion of `prompt` and record the call as a span; `policy` names the
         policy (the resource) the checkpoint is, for the trainer of that policy (with several
-        policies in one agent; without it the call is the default policy's)."""
+        policies in one agent; without it the call is the default policy's); `seed` makes the
+        draw repeatable."""
+        import torch
+
         tokenizer = self.policy.tokenizer
         prompt_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         started = time.time_ns()
@@ -64,6 +68,7 @@ class LocalLLM:
             completion = sample(
                 self.policy.model, prompt_ids, max_new_tokens, temperature,
                 eos_token_id=tokenizer.eos_token_id,
+                generator=None if seed is None else torch.Generator().manual_seed(seed),
             )  # fmt: skip
         text = tokenizer.decode(completion.token_ids)
         record_llm_call(

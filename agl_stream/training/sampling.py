@@ -89,6 +89,14 @@ def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0) -> t
     response position on; 0 before it, where no row has a response token. The logits of
     those prompt positions are not computed (Hugging Face's `logits_to_keep`): with a real
     vocabulary (49,152 words for SmolLM2) they were a large share of a short answer's update."""
+    return token_logprobs_and_entropy(model, batch, temperature, entropy=False)[0]
+
+
+def token_logprobs_and_entropy(
+    model: Any, batch: TokenBatch, temperature: float = 1.0, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_logprobs, and (with `entropy`) the entropy of each position's next-token
+    distribution, laid out alike."""
     width = batch.input_ids.shape[1]
     first = first_response_position(batch)
     logits = model(
@@ -97,7 +105,9 @@ def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0) -> t
     ).logits  # fmt: skip
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     picked = logp.gather(-1, batch.targets[:, first:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (first, 0))
+    spread = -(logp.exp() * logp).sum(-1) if entropy else None
+    pad = torch.nn.functional.pad
+    return pad(picked, (first, 0)), None if spread is None else pad(spread, (first, 0))
 
 
 def first_response_position(batch: TokenBatch) -> int:
