@@ -20,10 +20,12 @@ from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 
 pytestmark = pytest.mark.slow
 
-# 16 steps of 16 groups (benchmarks/two_policies_offline.py, offline): 23 of 24 sampling
-# seeds pass these checks; one collapsed, its speaker saying one word for most letters. On
-# the pipeline (its sampling unseeded: concurrent rollouts), 1 run of 4 collapsed that way.
-STEPS = 16
+# Seeded, a run trains the same every time (each attempt's words drawn from its task's seed,
+# each step's samples in a fixed order): these settings learn at seed 0 (the joint reward
+# 0.07 -> 0.46 in 12 steps, the listener with the initial speaker near chance again). Unseeded,
+# about 1 run in 24 collapsed offline (benchmarks/two_policies_offline.py), the speaker saying
+# one word for most letters.
+STEPS = 12
 GROUPS = 16
 
 

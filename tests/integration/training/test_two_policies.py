@@ -1,8 +1,10 @@
 """Two policies trained together, a trainer each (`worker trainer --policy`), on the attempts
 of one agent that calls both: kill -9 one trainer again and again while both train. The
-killed one goes on from its own checkpoints; the other never notices: each lineage shows
-every attempt trained on exactly once, each version names only its own policy's checkpoint
-in its own directory, and the ids and consumer groups of the two never mix."""
+killed one goes on from its latest checkpoint (records after its cut read again, the attempts
+it trained on skipped); the other never notices: each lineage shows every consumed offset
+range once and every attempt trained on exactly once, each version names only its own
+policy's checkpoint in its own directory, and the ids and consumer groups of the two never
+mix."""
 
 from __future__ import annotations
 
@@ -115,6 +117,8 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         used = trained(store)
         assert len(used) == len(set(used)) == GROUPS * GROUP_SIZE and set(used) == succeeded
         assert {s["policy"] for s in states} == {policy}
+        # The ranges start where the run started (the topics' beginning).
+        assert all(start == 0 for start, _ in states[1]["consumed"].values())
         # Its own calls only: one a trajectory (the agent makes one call of each policy).
         assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in states[1:])
         assert len(states) == 1 + GROUPS // GROUPS_PER_STEP  # step 0, then one per step
