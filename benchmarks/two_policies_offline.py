@@ -24,7 +24,7 @@ from agl_stream.demo.game import (
     speaker_prompt,
     tasks,
 )
-from agl_stream.launch.two_policies import SEEDS
+from agl_stream.demo.two_policies import SEEDS
 from agl_stream.training.advantages import group_advantages
 from agl_stream.training.batching import TrainSample
 from agl_stream.training.grpo import GRPO, GRPOConfig

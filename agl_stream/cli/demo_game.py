@@ -15,7 +15,7 @@ from rich.table import Table
 from agl_stream.cli.common import AppContext, console
 
 if TYPE_CHECKING:
-    from agl_stream.launch.two_policies import JointStep, TwoPolicyConfig, TwoPolicyResult
+    from agl_stream.demo.two_policies import JointStep, TwoPolicyConfig, TwoPolicyResult
 
 
 def run_game_demo(
@@ -28,9 +28,9 @@ def run_game_demo(
     out_dir: Path,
     keep_stack: bool,
 ) -> None:
+    from agl_stream.demo.two_policies import TwoPolicyConfig, run_two_policies
     from agl_stream.embedded.ready import ready_stack
     from agl_stream.launch.run import RunFailed
-    from agl_stream.launch.two_policies import TwoPolicyConfig, run_two_policies
 
     started = time.monotonic()
     with console.status("starting the embedded stack..."):

@@ -13,8 +13,8 @@ import pytest
 from agl_stream.commands.resources import read_resources
 from agl_stream.demo.curve import tenths
 from agl_stream.demo.game import POLICIES
+from agl_stream.demo.two_policies import JointStep, TwoPolicyConfig, run_two_policies
 from agl_stream.events import Checkpoint, ResourcesPublished
-from agl_stream.launch.two_policies import JointStep, TwoPolicyConfig, run_two_policies
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 

@@ -16,8 +16,8 @@ from agl_stream.demo.game import (
     tasks,
 )
 from agl_stream.demo.task import LETTERS
+from agl_stream.demo.two_policies import Pairing, TwoPolicyConfig, joint_change, joint_step
 from agl_stream.events import Checkpoint, ResourcesPublished
-from agl_stream.launch.two_policies import Pairing, TwoPolicyConfig, joint_change, joint_step
 from agl_stream.queries.models import Resources
 from agl_stream.training.model import tiny_policy
 
