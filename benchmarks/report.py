@@ -93,7 +93,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("The runners", ["runners", "java_enqueue", "takeover", "takeover_blackhole", "pipeline"]),
     ("The read model", ["projector", "projector_1m", "dashboard"]),
     ("Training", ["real_model", "real_model_reload", "demo", "step_latency", "trl_comparison",
-                  "trainer", "trainer_variants", "gpu_training", "online_training"]),
+                  "trainer", "trainer_variants", "gpu_training", "online_training", "two_policies"]),
     ("Serving", ["gateway", "gateway_by_hand", "vllm_serving", "vllm_scheduler", "demo_engines"]),
     ("Operations", ["embedded_stack", "metrics_cost", "export_memory"]),
     ("Agent Lightning's store", ["agl_store", "agl_store_tests", "agl_client"]),

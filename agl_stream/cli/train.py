@@ -78,6 +78,10 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True),
         click.option("--epochs", type=click.IntRange(1), default=2, show_default=True,
                      help="Passes over each batch."),
+        click.option("--entropy-coef", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+                     show_default=True,
+                     help="A bonus for the entropy of the policy's next-token distributions "
+                          "at response tokens, against collapsing onto one answer."),
         click.option("--temperature", type=click.FloatRange(0, min_open=True), default=1.0,
                      show_default=True,
                      help="The sampling temperature the agents use: the logprobs are "
@@ -169,6 +173,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
             )
         grpo = GRPOConfig(
             learning_rate=options["learning_rate"], epochs=options["epochs"], seed=options["seed"],
+            entropy_coef=options.get("entropy_coef", 0.0),
             temperature=options["temperature"],
             minibatch_size=options["minibatch_size"],
             micro_batch_tokens=options["micro_batch_tokens"],

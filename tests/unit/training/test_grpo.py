@@ -13,7 +13,12 @@ from agl_stream.training.batching import TrainSample
 from agl_stream.training.device import Placement, place
 from agl_stream.training.grpo import GRPO, GRPOConfig, clipped_loss, micro_batches
 from agl_stream.training.model import content_hash, load_policy, save_policy, tiny_policy
-from agl_stream.training.sampling import sample, token_batch, token_logprobs
+from agl_stream.training.sampling import (
+    sample,
+    token_batch,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +89,33 @@ def test_bad_settings_say_what_is_wrong() -> None:
         GRPOConfig(learning_rate=0)
     with pytest.raises(ValueError, match="clip_epsilon"):
         GRPOConfig(clip_epsilon=1.5)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        GRPOConfig(entropy_coef=-0.1)
+
+
+def test_the_entropy_bonus_spreads_a_policy_that_has_nothing_else_to_learn() -> None:
+    """With every advantage 0, the surrogate gives no gradient: the bonus alone moves the
+    policy, towards a flatter next-token distribution at the response's positions."""
+    prompt, answer = (1, 6), (6,)
+    batch = token_batch([prompt], [answer], pad_id=0)
+
+    def spread(policy) -> float:  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            _, entropy = token_logprobs_and_entropy(policy.model, batch)
+        assert entropy is not None
+        return float((entropy * batch.response_mask).sum())
+
+    samples = [TrainSample(("r", "a"), prompt, answer, 0.5, 0.0, 1.0, None)] * 4
+    found = {}
+    for coef in (0.0, 0.5):
+        policy = tiny_policy(seed=1)
+        before = spread(policy)
+        GRPO(policy.model, 0, GRPOConfig(learning_rate=1e-2, epochs=3, entropy_coef=coef)).update(
+            samples
+        )
+        found[coef] = spread(policy) - before
+    # Without the bonus only AdamW's weight decay moves the weights (a trace of a change).
+    assert abs(found[0.0]) < 1e-3 and found[0.5] > 0.02, found
 
 
 def _varied_samples(count: int, seed: int) -> list[TrainSample]:
