@@ -17,7 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from agl_stream.agent.spans import flatten
 from agl_stream.agent.tracing import current_recorder, tracer
-from agl_stream.events.reward_rules import AGL_REWARD
+from agl_stream.events.reward_rules import AGL_REWARD, REWARD_POLICY
 
 log = logging.getLogger(__name__)
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -59,9 +59,13 @@ EXCEPTION_SPAN = "agl.exception"
 ANNOTATION_SPAN = "agl.annotation"
 
 
-def emit_reward(value: float | Mapping[str, float], primary: str | None = None) -> float:
+def emit_reward(
+    value: float | Mapping[str, float], primary: str | None = None, policy: str | None = None
+) -> float:
     """Record a reward: one number, or several named dimensions of which `primary` (or the
-    only one) is the reward that training uses. Returns the primary value."""
+    only one) is the reward that training uses. With `policy` (several policies trained
+    together), it is that policy's reward alone: its trainer takes it instead of the
+    attempt's, which it does not set. Returns the primary value."""
     if isinstance(value, Mapping):
         if not value:
             raise ValueError("emit_reward needs at least one dimension")
@@ -80,6 +84,8 @@ def emit_reward(value: float | Mapping[str, float], primary: str | None = None) 
         raise ValueError(f"rewards must be finite numbers, got {dimensions}")
     attributes: dict[str, Any] = {"agl.reward": main, "agl.reward.primary": primary}
     attributes.update({f"agl.reward.{k}": v for k, v in dimensions.items() if k != "reward"})
+    if policy is not None:
+        attributes[REWARD_POLICY] = policy
     # The attempt that records this span takes its value as its reward (AttemptRecorder).
     _debug(AGL_REWARD, attributes)
     with tracer().start_as_current_span(AGL_REWARD, attributes=attributes):

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from agl_stream.agent.spans import to_event
 from agl_stream.events import SpanRecorded
-from agl_stream.events.reward_rules import span_reward
+from agl_stream.events.reward_rules import reward_policy, span_reward
 
 TRACER_NAME = "agl_stream"
 DROP_LOG_SECONDS = 60.0
@@ -69,8 +69,8 @@ class AttemptRecorder:
             self._events.append(to_event(span, self.rollout_id, self.attempt_id, len(self._events)))
             self.last_progress = time.monotonic()
             value = span_reward(span.name, span.attributes)
-            if value is not None:
-                self.reward = value
+            if value is not None and reward_policy(span.attributes) is None:
+                self.reward = value  # (a reward naming a policy is that policy's alone)
             return True
 
     def touch(self) -> None:

@@ -21,6 +21,9 @@ from typing import Any
 
 AGL_REWARD = "agl.reward"  # emit_reward's span; its attribute of the same name is the reward
 AL_REWARD_PRIMARY = "agentlightning.reward.0.value"
+# A reward given to one policy of the attempt (several policies trained together): that
+# policy's trainer takes it instead of the attempt's reward; it is not the attempt's reward.
+REWARD_POLICY = "agl.reward.policy"
 AL_ANNOTATION = "agentlightning.annotation"
 AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
 
@@ -40,6 +43,12 @@ def span_reward(name: str, attributes: Mapping[str, Any] | None) -> float | None
     if name == AL_ANNOTATION:
         return _number(attributes.get("reward"))
     return None
+
+
+def reward_policy(attributes: Mapping[str, Any] | None) -> str | None:
+    """The policy a reward span names, if any."""
+    named = (attributes or {}).get(REWARD_POLICY)
+    return named if isinstance(named, str) and named else None
 
 
 def _number(value: Any) -> float | None:

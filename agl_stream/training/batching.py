@@ -10,7 +10,13 @@ from enum import StrEnum
 
 from agl_stream.training.advantages import group_advantages
 from agl_stream.training.trajectories import AttemptKey, Trajectory
-from agl_stream.training.triplets import Problem, RewardRule, Triplet, build_triplets
+from agl_stream.training.triplets import (
+    Problem,
+    RewardRule,
+    Triplet,
+    build_triplets,
+    policy_reward,
+)
 
 
 class StalePolicy(StrEnum):
@@ -187,7 +193,7 @@ def build_step(
         step.counts["trajectories"] += 1
         if trajectory.reward_from != "final":
             step.counts[f"late_reward_{trajectory.reward_from}"] += 1  # late | fallback
-        step.rewards.append(trajectory.reward or 0.0)
+        step.rewards.append(policy_reward(trajectory, policy) or 0.0)
         rows.extend((group, weight, t) for t in adapted.triplets)
     advantages = group_advantages(
         [t.reward for _, _, t in rows], [g for g, _, _ in rows], scale=scale_rewards

@@ -18,7 +18,9 @@ as a problem (rollout, attempt, span) and left out, never dropped silently.
 
 With several policies, each trainer takes the calls of its own policy (the span's
 `agl.llm.policy`; a call without it is the default policy's); the rules above apply to those
-calls, the rollout's rewards shared by all its policies.
+calls. The attempt's reward is shared by all its policies, unless a reward span names the
+policy (`agl.reward.policy`, `emit_reward(..., policy=)`): its last such reward is that
+policy's final reward, and under `per_call` reward spans naming another policy are left out.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from agl_stream.agent.llm import (
     RESPONSE_TOKEN_IDS,
 )
 from agl_stream.events import SpanRecorded, StatusCode
-from agl_stream.events.reward_rules import span_reward
+from agl_stream.events.reward_rules import reward_policy, span_reward
 from agl_stream.training.trajectories import Trajectory
 
 
@@ -120,10 +122,29 @@ def _floats(value: Any, length: int) -> tuple[float, ...] | None:
     return tuple(float(v) for v in value)
 
 
+def policy_reward(trajectory: Trajectory, policy: str | None) -> float | None:
+    """The final reward of `policy` in a trajectory: the last reward span naming it, else
+    the attempt's reward (shared by its policies)."""
+    if policy is not None:
+        named = [
+            (s.end_time_unix_nano, s.sequence, value)
+            for s in trajectory.spans
+            if reward_policy(s.attributes) == policy
+            and (value := span_reward(s.name, s.attributes)) is not None
+        ]
+        if named:
+            return max(named)[2]
+    return trajectory.reward
+
+
 def _call_rewards(
-    trajectory: Trajectory, calls: Sequence[SpanRecorded], rule: RewardRule, gamma: float
+    trajectory: Trajectory,
+    calls: Sequence[SpanRecorded],
+    rule: RewardRule,
+    gamma: float,
+    policy: str | None = None,
 ) -> list[float]:
-    final = trajectory.reward or 0.0
+    final = policy_reward(trajectory, policy) or 0.0
     if rule is RewardRule.FINAL:
         return [final] * len(calls)
     if rule is RewardRule.DISCOUNTED:
@@ -135,7 +156,8 @@ def _call_rewards(
         rewards[named[0] if named else len(calls) - 1] += late.value
     for span in trajectory.spans:
         value = span_reward(span.name, span.attributes)
-        if value is None:
+        owner = reward_policy(span.attributes)
+        if value is None or (owner is not None and owner != policy):
             continue
         before = [
             i for i, c in enumerate(calls) if c.end_time_unix_nano <= span.start_time_unix_nano
@@ -159,10 +181,10 @@ def build_triplets(
         of = "" if policy is None else f" of policy {policy!r}"
         adapted.problems.append(Problem(rid, aid, None, f"no LLM call spans{of}"))
         return adapted
-    if trajectory.reward is None and rule is not RewardRule.PER_CALL:
+    if policy_reward(trajectory, policy) is None and rule is not RewardRule.PER_CALL:
         adapted.problems.append(Problem(rid, aid, None, "no reward (no reward span)"))
         return adapted
-    rewards = _call_rewards(trajectory, calls, rule, gamma)
+    rewards = _call_rewards(trajectory, calls, rule, gamma, policy)
     for index, (span, reward) in enumerate(zip(calls, rewards, strict=True)):
         prompt = _ints(span.attributes.get(PROMPT_TOKEN_IDS))
         response = _ints(span.attributes.get(RESPONSE_TOKEN_IDS))

@@ -55,9 +55,17 @@ def llm_span(
 
 
 def reward_span(
-    rollout_id: str, attempt_id: str, sequence: int, at: int, value: float
+    rollout_id: str,
+    attempt_id: str,
+    sequence: int,
+    at: int,
+    value: float,
+    policy: str | None = None,
 ) -> SpanRecorded:
-    return span(rollout_id, attempt_id, sequence, "agl.reward", at, **{"agl.reward": value})
+    named = {} if policy is None else {"agl.reward.policy": policy}
+    return span(
+        rollout_id, attempt_id, sequence, "agl.reward", at, **{"agl.reward": value, **named}
+    )
 
 
 def attempt_records(

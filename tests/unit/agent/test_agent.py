@@ -88,3 +88,18 @@ def test_spans_of_an_attempt_are_numbered_and_late_ones_dropped() -> None:
 
     asyncio.run(late())
     assert len(recorder.take(0)) == 2
+
+
+def test_a_reward_for_one_policy_is_not_the_attempts() -> None:
+    recorder = AttemptRecorder("ro", "at")
+
+    async def attempt() -> None:
+        current_recorder.set(recorder)
+        emit_reward(0.5)
+        emit_reward(0.25, policy="speaker")  # the speaker's alone
+
+    asyncio.run(attempt())
+    assert recorder.reward == 0.5
+    spans = recorder.take(0)
+    assert [s.attributes.get("agl.reward.policy") for s in spans] == [None, "speaker"]
+    assert spans[1].attributes["agl.reward"] == 0.25

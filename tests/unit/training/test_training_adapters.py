@@ -19,6 +19,7 @@ from agl_stream.training.triplets import (
     build_transcript,
     build_triplets,
     finetune_jsonl,
+    policy_reward,
 )
 from tests.support.training_traffic import llm_span, reward_span, span
 
@@ -244,3 +245,26 @@ def test_a_policys_step_has_one_sample_per_trajectory_with_the_groups_advantages
         assert [s.key[0] for s in step.samples] == ["r1", "r2"]
         assert [s.advantage > 0 for s in step.samples] == [True, False]
         assert step.counts["trajectories"] == 2 and step.rewards == [1.0, 0.0]
+
+
+def test_a_reward_naming_a_policy_is_that_policys_alone() -> None:
+    """The speaker is rewarded for its own part; the listener takes the rollout's reward."""
+    t = trajectory([
+        llm_span("r", "a", 0, 10, [1, 4], [5], policy="speaker"),
+        reward_span("r", "a", 1, 15, 0.25, policy="speaker"),
+        llm_span("r", "a", 2, 20, [1, 5], [4], policy="listener"),
+        reward_span("r", "a", 3, 30, 0.75, policy="speaker"),  # its last: its final reward
+        reward_span("r", "a", 4, 40, 1.0),
+    ], reward=1.0)  # fmt: skip
+    for policy, final in (("speaker", 0.75), ("listener", 1.0)):
+        (triplet,) = build_triplets(t, policy=policy).triplets
+        assert triplet.reward == final, policy
+        assert policy_reward(t, policy) == final
+    # Per call: each call takes the rewards after it that name its policy or none (the
+    # rollout's, shared), never another policy's.
+    per_call = {
+        p: [x.reward for x in build_triplets(t, RewardRule.PER_CALL, policy=p).triplets]
+        for p in ("speaker", "listener")
+    }
+    assert per_call == {"speaker": [0.25 + 0.75 + 1.0], "listener": [1.0]}
+    assert policy_reward(t, "judge") == 1.0  # no reward of its own: the rollout's
