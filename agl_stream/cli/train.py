@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -44,10 +45,12 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--run-name",
                      help="Prefix of the resources ids the trainer publishes. "
                           "[default: the algorithm's name]"),
-        click.option("--policy", default="policy", show_default=True, metavar="NAME",
+        click.option("--policy", "policies", multiple=True, metavar="NAME",
                      help="The policy trained: the LLM calls that name it (agl.llm.policy; "
                           "calls naming none are 'policy''s), the resource it publishes. "
-                          "Several policies: a trainer each, each its own --checkpoint-dir."),
+                          "Repeated: one process trains each (checkpoints in "
+                          "--checkpoint-dir/NAME, seeds --seed, --seed+1, ...). "
+                          "[default: policy]"),
         click.option("--group-size", type=click.IntRange(1), default=8, show_default=True,
                      help="Attempts of one task that make a GRPO group."),
         click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
@@ -156,12 +159,15 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
 
     if not checkpoint_dir:
         raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
-    policy = options.get("policy", "policy")
-    if not POLICY_NAME.fullmatch(policy):
-        raise click.UsageError(
-            f"--policy {policy!r}: a policy's name is 1-64 letters, digits, '_' or '-' "
-            "(it is a resource's name and part of ids and a consumer group)"
-        )
+    policies = list(options.get("policies") or ("policy",))
+    for policy in policies:
+        if not POLICY_NAME.fullmatch(policy):
+            raise click.UsageError(
+                f"--policy {policy!r}: a policy's name is 1-64 letters, digits, '_' or '-' "
+                "(it is a resource's name and part of ids and a consumer group)"
+            )
+    if len(set(policies)) < len(policies):
+        raise click.UsageError(f"--policy names a policy twice: {', '.join(policies)}")
     try:
         checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
@@ -196,7 +202,8 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         )
     return TrainerConfig(
         checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
-        run_name=options["run_name"] or "grpo", policy=policy, group_size=options["group_size"],
+        run_name=options["run_name"] or "grpo", policy=policies[0],
+        group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],
         max_waiting=options["max_waiting"],
@@ -205,40 +212,84 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     )  # fmt: skip
 
 
+def each_policy(config: Any, policies: tuple[str, ...]) -> list[Any]:
+    """The config of each policy one trainer process trains: one policy, as given; several,
+    each with its checkpoints in <checkpoint_dir>/<policy>, its seed (--seed, --seed + 1,
+    ...) and a worker id of its own."""
+    if len(policies) < 2:
+        return [config]
+    base = config.checkpoint_dir.rstrip("/")
+    configs = []
+    for i, policy in enumerate(policies):
+        grpo = dataclasses.replace(config.grpo, seed=config.grpo.seed + i)
+        directory, worker = f"{base}/{policy}", f"{config.worker_id}-{policy}"
+        configs.append(
+            dataclasses.replace(
+                config, policy=policy, checkpoint_dir=directory, grpo=grpo, worker_id=worker
+            )
+        )
+    return configs
+
+
 def run_trainer(
-    app: AppContext, config: Any, metrics_host: str = "127.0.0.1", metrics_port: int = 0
+    app: AppContext, configs: list[Any], metrics_host: str = "127.0.0.1", metrics_port: int = 0
 ) -> None:
+    """Run a trainer for each config (several policies: all in this process, each with its
+    own consumer group, checkpoints and versions; metrics on metrics_port, metrics_port + 1,
+    ...) until a signal stops them; one that fails stops them all."""
     from agl_stream.telemetry.metrics import serving_metrics
     from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.trainer import Trainer
 
-    def show(report: Any) -> None:
+    several = len(configs) > 1
+
+    def show(config: Any) -> Callable[[Any], None]:
+        def line(report: Any) -> None:
+            console.print(
+                (f"{config.policy} " if several else "")
+                + f"step {report.step}: mean reward {report.mean_reward:.3f}, "
+                f"{report.counts.get('samples', 0)} samples, "
+                + (f"published {report.resources_id}" if config.publish else "checkpoint written"),
+                highlight=False,
+            )
+
+        return line
+
+    trainers = [Trainer(app.kafka(), c, on_step=show(c)) for c in configs]
+    for trainer in trainers:
+        config = trainer.config
+        adapter = f", LoRA rank {config.lora.rank}" if config.lora is not None else ""
         console.print(
-            f"step {report.step}: mean reward {report.mean_reward:.3f}, "
-            f"{report.counts.get('samples', 0)} samples, "
-            + (f"published {report.resources_id}" if config.publish else "checkpoint written"),
+            f"trainer {config.worker_id}: "
+            + (f"policy {config.policy}, " if several else "")
+            + f"checkpoints in {trainer.store.root} ({config.placement.describe()}{adapter})",
             highlight=False,
         )
 
-    trainer = Trainer(app.kafka(), config, on_step=show)
-    adapter = f", LoRA rank {config.lora.rank}" if config.lora is not None else ""
-    console.print(
-        f"trainer {config.worker_id}: checkpoints in {trainer.store.root} "
-        f"({config.placement.describe()}{adapter})",
-        highlight=False,
-    )
+    async def serve(trainer: Any, port: int, stop: asyncio.Event) -> None:
+        async with (
+            serving_metrics(trainer.metrics, metrics_host, port, app.auth().token),
+            exporting(trainer.metrics, trainer.config.worker_id),
+        ):
+            await trainer.run(stop)
 
     async def main() -> None:
-        async with (
-            serving_metrics(trainer.metrics, metrics_host, metrics_port, app.auth().token),
-            exporting(trainer.metrics, config.worker_id),
-        ):
-            await trainer.run(stop_on_signals())
+        stop = stop_on_signals()
+        ports = [metrics_port + i if metrics_port else 0 for i in range(len(trainers))]
+        async with asyncio.TaskGroup() as group:
+            for trainer, port in zip(trainers, ports, strict=True):
+                group.create_task(serve(trainer, port, stop))
 
-    asyncio.run(main())
-    console.print(
-        f"trainer stopped at step {trainer.step}: {dict(trainer.counts)}", highlight=False
-    )
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as failed:  # the first trainer's failure, as one trainer's
+        raise failed.exceptions[0] from None
+    for trainer in trainers:
+        console.print(
+            f"trainer {trainer.config.policy if several else ''}".rstrip()
+            + f" stopped at step {trainer.step}: {dict(trainer.counts)}",
+            highlight=False,
+        )
 
 
 def _offsets(app: AppContext, values: tuple[str, ...], flag: str) -> dict[tuple[str, int], int]:
@@ -302,7 +353,7 @@ def retrain_command(
     config.until = until
     config.from_time = from_time
     config.until_time = until_time
-    run_trainer(app, config)
+    run_trainer(app, each_policy(config, options.get("policies") or ()))
 
 
 @click.command("checkpoints")

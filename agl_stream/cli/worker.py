@@ -19,7 +19,7 @@ from agl_stream.agent.process import ProcessAgent
 from agl_stream.bus.roles import role
 from agl_stream.cli.apo import apo_config, apo_options, run_apo
 from agl_stream.cli.common import AppContext, console, friendly_errors, stop_on_signals
-from agl_stream.cli.train import run_trainer, trainer_config, trainer_options
+from agl_stream.cli.train import each_policy, run_trainer, trainer_config, trainer_options
 from agl_stream.projection.projector import Projector, ProjectorConfig
 from agl_stream.runner.worker import Runner, RunnerConfig
 from agl_stream.runtime.config import current_role, load
@@ -302,9 +302,11 @@ def trainer(
     if worker_id:
         config.worker_id = worker_id
     if group:
+        if len(options.get("policies") or ()) > 1:
+            raise click.UsageError("--group names one trainer's group: not with several --policy")
         config.group_id = group
     config.heartbeat_seconds = heartbeat
-    run_trainer(app, config, metrics_host, metrics_port)
+    run_trainer(app, each_policy(config, options.get("policies") or ()), metrics_host, metrics_port)
 
 
 def _logging(verbose: bool) -> None:

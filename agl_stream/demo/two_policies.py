@@ -1,9 +1,10 @@
 """The two-agent demo's driver: two policies trained together on the referential game
-(agl_stream.demo.game). Runners, a projector and one trainer per policy run as separate
-processes on the embedded stack; each trainer trains only on its own policy's LLM calls and
-publishes its own lineage of versions. Per step n the driver waits until both trainers have
-published their step-n checkpoint, publishes a joint version holding the two, and queues
-step n's tasks pinned to it: every rollout is played by the two checkpoints of one step.
+(agl_stream.demo.game). Runners, a projector and a trainer process holding both policies run
+as separate processes on the embedded stack; each policy's trainer trains only on its own
+policy's LLM calls and publishes its own lineage of versions. Per step n the driver waits
+until both trainers have published their step-n checkpoint, publishes a joint version holding
+the two, and queues step n's tasks pinned to it: every rollout is played by the two
+checkpoints of one step.
 At the end, the swap check: the trained pair against each trained policy paired with the
 other's initial checkpoint."""
 
@@ -181,12 +182,16 @@ def commands(config: TwoPolicyConfig) -> dict[str, list[str]]:
         "--heartbeat", "2", "--init-model", "tiny",
     ]  # fmt: skip
     found = {"projector": worker_command("projector", "--heartbeat", "2")}
-    for policy in POLICIES:
-        directory = str(config.checkpoint_dir(policy).resolve())
-        seed = str(config.policy_seeds[policy])
-        found[f"trainer-{policy}"] = worker_command(
-            "trainer", "--policy", policy, "--seed", seed, "--checkpoint-dir", directory, *shared
-        )
+    # One trainer process holds both policies (each its own consumer group, checkpoints in
+    # <checkpoint dir>/<policy> and versions; seeds --seed, --seed + 1 in POLICIES' order).
+    directory = str(config.checkpoint_dir(POLICIES[0]).parent.resolve())
+    seeds = [config.policy_seeds[p] for p in POLICIES]
+    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise ValueError(f"the policies' seeds must follow each other in order, got {seeds}")
+    policies = [arg for p in POLICIES for arg in ("--policy", p)]
+    found["trainer"] = worker_command(
+        "trainer", *policies, "--seed", str(seeds[0]), "--checkpoint-dir", directory, *shared
+    )
     runner = ["--agent", AGENT, "--concurrency", str(config.concurrency), "--heartbeat", "2"]
     for i in range(config.runners):
         found[f"runner-{i}"] = worker_command("runner", *runner, "--grace", "5")

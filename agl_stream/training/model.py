@@ -4,6 +4,7 @@ demo), any local checkpoint for real runs; saved as safetensors with a content h
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,11 @@ if TYPE_CHECKING:
     import torch
 
     from agl_stream.training.device import Placement
+
+# Held while weights are drawn from torch's global generator after seeding it: trainers of
+# several policies in one process create their policies in threads at the same time, and
+# one's seed would otherwise reseed the other's draws half-way (runs no longer repeatable).
+SEEDED_INIT = threading.RLock()
 
 TINY = "tiny"
 TINY_CHAT = "tiny-chat"
@@ -92,8 +98,9 @@ def _tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    with SEEDED_INIT:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
     model.config._name_or_path = name
     return model
 

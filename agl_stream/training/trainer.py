@@ -55,6 +55,7 @@ from agl_stream.training.grpo import GRPO, GRPOConfig, UpdateStats
 from agl_stream.training.hf import Policy, quiet_transformers
 from agl_stream.training.lora import LoraSettings, load_adapter, with_adapter
 from agl_stream.training.model import (
+    SEEDED_INIT,
     TINY,
     TINY_CHAT,
     content_hash,
@@ -519,6 +520,10 @@ class Trainer:
         await asyncio.to_thread(self._write_checkpoint, self._state(self.cut, {}, None, None))
 
     def _fresh_policy(self) -> Policy:
+        with SEEDED_INIT:  # a LoRA adapter's initial weights come from the global generator
+            return self._fresh_policy_drawn()
+
+    def _fresh_policy_drawn(self) -> Policy:
         cfg = self.config
         policy = initial_policy(cfg.init_model, cfg.grpo.seed, cfg.placement)
         if cfg.lora is None:

@@ -181,3 +181,26 @@ def test_a_policy_name_that_cannot_name_a_resource_is_refused(tmp_path: Path, na
 def test_the_two_agent_demo_refuses_the_one_policy_demos_options(extra: list[str]) -> None:
     result = CliRunner().invoke(cli, ["demo", "--task", "two-agents", *extra], env=NOBODY)
     assert "--task two-agents runs two tiny models" in said(result, 2)
+
+
+def test_a_policy_named_twice_is_refused(tmp_path: Path) -> None:
+    args = ["worker", "trainer", "--checkpoint-dir", str(tmp_path)]
+    text = said(CliRunner().invoke(cli, [*args, "--policy", "a", "--policy", "a"], env=NOBODY), 2)
+    assert "--policy names a policy twice: a, a" in text
+
+
+def test_one_trainer_process_gives_each_policy_its_directory_seed_and_id(tmp_path: Path) -> None:
+    from agl_stream.cli.train import each_policy, trainer_config
+    from agl_stream.cli.worker import trainer
+
+    args = ["--checkpoint-dir", f"{tmp_path}/", "--seed", "5"]
+    options = trainer.make_context(
+        "trainer", [*args, "--policy", "speaker", "--policy", "listener"]
+    ).params
+    base = trainer_config(**options)
+    found = each_policy(base, options["policies"])
+    assert [(c.policy, c.checkpoint_dir, c.grpo.seed) for c in found] == [
+        ("speaker", f"{tmp_path}/speaker", 5), ("listener", f"{tmp_path}/listener", 6),
+    ]  # fmt: skip
+    assert len({c.worker_id for c in found}) == 2
+    assert each_policy(base, ("speaker",)) == [base]
