@@ -32,27 +32,8 @@ def summary_rows(points: Sequence[StepPoint]) -> list[tuple[str, str]]:
 
 
 def plot_rewards(points: Sequence[StepPoint], path: Path, config: Any) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
-    steps = [p.step for p in points]
-    rewards = [p.mean_reward for p in points]
-    axes.plot(steps, rewards, marker="o", markersize=3, linewidth=1.5, label="mean reward")
-    axes.axhline(0.2, color="grey", linestyle=":", linewidth=1, label="random policy (0.2)")
-    axes.set_xlabel("step (policy version trained)")
-    axes.set_ylabel("mean reward of the step's attempts")
-    axes.set_ylim(0, 1.05)
-    axes.set_title(f"agl-stream demo {config.run_name}: GRPO on a tiny model, CPU")
-    axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    title = f"agl-stream demo {config.run_name}: GRPO on a tiny model, CPU"
+    return plot_policies({"mean reward": points}, path, title, chance=0.2)
 
 
 def plot_policies(
