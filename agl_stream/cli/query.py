@@ -314,6 +314,7 @@ def rewards(
 
 @query.command()
 @click.option("--name", help="Only versions holding this resource (e.g. a prompt template).")
+@click.option("--policy", metavar="NAME", help="Only the versions this policy's trainer published.")
 @click.option("--latest", is_flag=True, help="Only the latest version.")
 @click.option("--limit", type=int, default=50, show_default=True)
 @_read_model_option
@@ -323,6 +324,7 @@ def rewards(
 def resources(
     app: AppContext,
     name: str | None,
+    policy: str | None,
     latest: bool,
     limit: int,
     read_model: str | None,
@@ -332,7 +334,10 @@ def resources(
     if latest:
         found = [_ask(app, read_model, lambda rm: rm.latest_resources())]
     else:
-        found = _ask(app, read_model, lambda rm: rm.resources_history(name=name, limit=limit))
+        found = _ask(
+            app, read_model,
+            lambda rm: rm.resources_history(name=name, limit=limit, policy=policy),
+        )  # fmt: skip
     if as_json:
         _print_json(found)
         return

@@ -262,16 +262,24 @@ class ReadModel:
     # ---- resources and workers -----------------------------------------------------------
 
     async def resources_history(
-        self, *, name: str | None = None, limit: int = 100, include_pin_only: bool = True
+        self,
+        *,
+        name: str | None = None,
+        limit: int = 100,
+        include_pin_only: bool = True,
+        policy: str | None = None,
     ) -> list[Resources]:
         """Resources versions, newest first; `name` keeps those holding that resource;
-        `include_pin_only=False` leaves out versions only pinned tasks run with (candidates)."""
+        `include_pin_only=False` leaves out versions only pinned tasks run with (candidates);
+        `policy` keeps those that policy's trainer published (its lineage)."""
         check_limit(limit)
-        check_text(name=name)
+        check_text(name=name, policy=policy)
         r = db.resources.c
         query = select(*(getattr(r, f) for f in Resources.model_fields))
         if name is not None:
             query = query.where(r.resources.has_key(name))
+        if policy is not None:
+            query = query.where(r["metadata"]["policy"].astext == policy)
         if not include_pin_only:
             query = query.where(r["metadata"][PIN_ONLY].astext.is_distinct_from("true"))
         query = query.order_by(r.version.desc(), r.published_at.desc(), r.resources_id)

@@ -15,8 +15,11 @@ from agl_stream.demo.curve import tenths
 from agl_stream.demo.game import POLICIES
 from agl_stream.demo.two_policies import JointStep, TwoPolicyConfig, run_two_policies
 from agl_stream.events import Checkpoint, ResourcesPublished
+from agl_stream.queries import ReadModel
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
+from tests.support.helpers import eventually
+from tests.support.projection import projector_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +60,7 @@ def test_two_policies_learn_the_referential_game_together(
 
     versions = list(asyncio.run(read_resources(kafka)).versions.values())
     _check_trainer_versions(config, stores, [v for v in versions if "policy" in v.metadata])
+    asyncio.run(_check_lineages(kafka, database, versions))
     _check_joint_versions(config, stores, result.steps, versions)
 
     first, last = tenths(result.joint_points())
@@ -67,6 +71,26 @@ def test_two_policies_learn_the_referential_game_together(
     # The listener learned the trained speaker's code: with the initial speaker it is close
     # to chance (0.2) again.
     assert swaps["initial", "trained"] <= swaps["trained", "trained"] - 0.1, (swaps, rewards)
+
+
+async def _check_lineages(
+    kafka: KafkaSettings, database: DatabaseSettings, versions: list[ResourcesPublished]
+) -> None:
+    """The read model gives each policy's lineage: its trainer's versions, each step's
+    naming the step before as its parent (`agl-stream query resources --policy`)."""
+    async with projector_in_process(kafka, database), ReadModel.open(database) as rm:
+
+        async def projected() -> bool:
+            found = [await rm.resources_history(policy=p) for p in POLICIES]
+            return all(len(f) == STEPS + 1 for f in found)
+
+        await eventually(projected, 60, "each policy's versions in the read model")
+        for policy in POLICIES:
+            chain = sorted(await rm.resources_history(policy=policy), key=lambda r: r.version)
+            mine = [v.resources_id for v in versions if v.metadata.get("policy") == policy]
+            assert sorted(r.resources_id for r in chain) == sorted(mine)
+            parents = [r.parent_resources_id for r in chain[1:]]
+            assert parents == [r.resources_id for r in chain[:-1]], policy
 
 
 def _check_trainer_versions(
