@@ -17,6 +17,7 @@ import asyncpg
 import click
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy.exc import DBAPIError
 
 from agl_stream.bus.kafka import KafkaCredentialsRefused
@@ -32,6 +33,17 @@ from agl_stream.runtime.supervision import stop_on_signals as stop_on_signals  #
 from agl_stream.telemetry.metrics import MetricsError
 
 console = Console()
+
+
+def training_progress(fields: str) -> Progress:
+    """The demos' bar: steps done of all, then `fields` (a rich format of the task's fields,
+    such as "mean reward {task.fields[reward]}"), then the time so far."""
+    return Progress(
+        TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+        TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+
+
 err_console = Console(stderr=True)
 
 P = ParamSpec("P")

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, PathType, console, friendly_errors
+from agl_stream.cli.common import AppContext, PathType, console, friendly_errors, training_progress
 from agl_stream.cli.stack import home_option
 from agl_stream.embedded.process import free_port
 from agl_stream.runtime.config import DatabaseSettings
@@ -169,10 +168,7 @@ def demo(
     )
     if port is not None:
         console.print(f"watch it live: http://127.0.0.1:{port}/", highlight=False)
-    progress = Progress(
-        TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("mean reward {task.fields[reward]}"), TimeElapsedColumn(), console=console,
-    )  # fmt: skip
+    progress = training_progress("mean reward {task.fields[reward]}")
     try:
         with progress:
             bar = progress.add_task("steps", total=steps, reward="-")

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console
+from agl_stream.cli.common import AppContext, console, training_progress
 
 if TYPE_CHECKING:
     from agl_stream.demo.two_policies import JointStep, TwoPolicyConfig, TwoPolicyResult
@@ -42,10 +41,7 @@ def run_game_demo(
         f"{config.group_size} attempts",
         highlight=False,
     )
-    progress = Progress(
-        TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("joint reward {task.fields[reward]}"), TimeElapsedColumn(), console=console,
-    )  # fmt: skip
+    progress = training_progress("joint reward {task.fields[reward]}")
     try:
         with progress:
             bar = progress.add_task("steps", total=steps, reward="-")

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agl_stream.cli.common import AppContext, console
+from agl_stream.cli.common import AppContext, console, training_progress
 
 if TYPE_CHECKING:
     from agl_stream.launch.heldout import EvalPoint
@@ -72,11 +71,7 @@ def run_real_demo(
     )
     if dashboard_port is not None:
         console.print(f"watch it live: http://127.0.0.1:{dashboard_port}/", highlight=False)
-    progress = Progress(
-        TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]} held-out {task.fields[heldout]}"),
-        TimeElapsedColumn(), console=console,
-    )  # fmt: skip
+    progress = training_progress("reward {task.fields[reward]} held-out {task.fields[heldout]}")
     evals: list[EvalPoint] = []
     try:
         with progress:

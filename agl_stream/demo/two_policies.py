@@ -36,7 +36,8 @@ from agl_stream.launch.run import (
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
 
 AGENT = "agl_stream.demo.game:referential_game"
-SEEDS = {SPEAKER: 1, LISTENER: 2}
+FIRST_SEED = 1  # the speaker's initial weights; the listener's: the next seed
+SEEDS = {policy: FIRST_SEED + i for i, policy in enumerate(POLICIES)}
 # The swap check's pairs: (speaker, listener), each trained or initial.
 PAIRS = (("trained", "trained"), ("initial", "trained"), ("trained", "initial"))
 
@@ -54,7 +55,7 @@ class TwoPolicyConfig:
     runners: int = 2
     concurrency: int = 32
     seed: int = 0  # the tasks and the swap check's games
-    policy_seeds: Mapping[str, int] = field(default_factory=lambda: dict(SEEDS))
+    first_seed: int = FIRST_SEED  # the policies' initial weights: this seed, then the next
     learning_rate: float = 3e-3
     out_dir: Path = Path(".agl-stream/demo")
     run_name: str = field(default_factory=lambda: f"game-{uuid.uuid4().hex[:8]}")
@@ -185,12 +186,10 @@ def commands(config: TwoPolicyConfig) -> dict[str, list[str]]:
     # One trainer process holds both policies (each its own consumer group, checkpoints in
     # <checkpoint dir>/<policy> and versions; seeds --seed, --seed + 1 in POLICIES' order).
     directory = str(config.checkpoint_dir(POLICIES[0]).parent.resolve())
-    seeds = [config.policy_seeds[p] for p in POLICIES]
-    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
-        raise ValueError(f"the policies' seeds must follow each other in order, got {seeds}")
     policies = [arg for p in POLICIES for arg in ("--policy", p)]
+    seed = str(config.first_seed)
     found["trainer"] = worker_command(
-        "trainer", *policies, "--seed", str(seeds[0]), "--checkpoint-dir", directory, *shared
+        "trainer", *policies, "--seed", seed, "--checkpoint-dir", directory, *shared
     )
     runner = ["--agent", AGENT, "--concurrency", str(config.concurrency), "--heartbeat", "2"]
     for i in range(config.runners):
