@@ -246,3 +246,19 @@ def read_model_option(what: str) -> Callable[[Callable[..., Any]], Callable[...,
         metavar="NAME",
         help=f"{what} this read model instead of the active one (see `query read-models`).",
     )
+
+
+POLICY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_policies(policies: Sequence[str]) -> list[str]:
+    """--policy's names (repeated): each 1-64 of [A-Za-z0-9_-], none twice."""
+    for policy in policies:
+        if not POLICY_NAME.fullmatch(policy):
+            raise click.UsageError(
+                f"--policy {policy!r}: a policy's name is 1-64 letters, digits, '_' or '-' "
+                "(it is a resource's name and part of ids and a consumer group)"
+            )
+    if len(set(policies)) < len(policies):
+        raise click.UsageError(f"--policy names a policy twice: {', '.join(policies)}")
+    return list(policies)

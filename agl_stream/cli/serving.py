@@ -12,6 +12,7 @@ import click
 
 from agl_stream.cli.common import (
     AppContext,
+    check_policies,
     console,
     friendly_errors,
     listening_on,
@@ -60,6 +61,16 @@ def _url(value: str) -> str:
     "--served-model-name", default="policy", show_default=True, help="Model name in answers."
 )
 @click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    metavar="NAME",
+    help="Serve this policy (repeated: several): the checkpoint resource of its name, for "
+    "the calls whose model names it. With --engine vllm the policies share one vLLM as LoRA "
+    "adapters of one base; with torch each is a model in this process. Instead of "
+    "--resource and --served-model-name.",
+)
+@click.option(
     "--max-batch",
     type=click.IntRange(1, 1024),
     default=32,
@@ -81,6 +92,7 @@ def serve(
     resource: str,
     pin: str | None,
     served_model_name: str,
+    policies: tuple[str, ...],
     max_batch: int,
     seed: int,
     device: str | None,
@@ -99,8 +111,14 @@ def serve(
     engine runs vLLM's server as a child process and reloads it in place (a LoRA adapter
     too), restarting it if it dies. With AGL_STREAM_API_TOKEN set, every call but /health needs
     it as a bearer token.
+
+    With --policy (repeated), it serves several policies, each the resource of its name,
+    chosen by the `model` of each call (`/v1/models` lists them); with vLLM they are LoRA
+    adapters of one base in one engine.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    if policies:
+        _check_several(check_policies(policies), model_spec, resource, served_model_name, engine)
     from agl_stream.serving.server import PolicyServer
     from agl_stream.telemetry.otlp import exporting
     from agl_stream.training.device import apply_threads, placement
@@ -112,15 +130,15 @@ def serve(
 
     async def main() -> None:
         stop = stop_on_signals()
-        built = build_engine(engine, max_batch, where, dtype)
-        server = PolicyServer(served_model_name, max_batch, where, engine=built)
+        several = bool(policies) and engine["engine"] == "torch"  # a torch model per policy
+        built = None if several else build_engine(engine, max_batch, where, dtype)
+        server = PolicyServer(served_model_name, max_batch, where, built, policies)
         if model_spec is not None:
             await _load_fixed(server, model_spec, seed, where)
         with listening_on(f"{host}:{port}"):
             url = await server.start(host, port, token)
-        console.print(
-            f"serving {served_model_name} on {url}/v1 ({where.describe()})", highlight=False
-        )
+        names = ", ".join(policies) if policies else served_model_name
+        console.print(f"serving {names} on {url}/v1 ({where.describe()})", highlight=False)
         try:
             async with exporting(server.metrics, _worker_id("policy-server")):
                 follower = (
@@ -131,6 +149,31 @@ def serve(
             await server.stop()
 
     asyncio.run(main())
+
+
+def _check_several(
+    policies: list[str],
+    model_spec: str | None,
+    resource: str,
+    served_model_name: str,
+    engine: dict[str, Any],
+) -> None:
+    """--policy names each policy's resource and model: the one-policy options do not mix."""
+    given = {"--resource": resource, "--served-model-name": served_model_name}
+    for option, value in given.items():
+        if value != "policy":
+            raise click.UsageError(
+                f"{option} and --policy do not mix: each --policy serves the resource of its "
+                "name under its name"
+            )
+    if model_spec is not None:
+        raise click.UsageError("--model and --policy do not mix: --policy follows published "
+                               "versions of each policy")  # fmt: skip
+    if engine["engine"] == "vllm" and engine["vllm_lora"] == "merge" and len(policies) > 1:
+        raise click.UsageError(
+            "--vllm-lora merge serves one policy: several policies share one vLLM as "
+            "adapters (--vllm-lora adapter), or run a serve per policy"
+        )
 
 
 async def _load_fixed(server: PolicyServer, spec: str, seed: int, where: Placement) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -16,6 +15,7 @@ from rich.table import Table
 from agl_stream.cli.common import (
     AppContext,
     PathType,
+    check_policies,
     console,
     friendly_errors,
     parse_offsets,
@@ -26,7 +26,6 @@ from agl_stream.cli.times import TIME
 from agl_stream.training.trajectories import TRAINED_TOPICS
 
 ALGORITHMS = ("grpo", "apo")
-POLICY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,15 +158,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
 
     if not checkpoint_dir:
         raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
-    policies = list(options.get("policies") or ("policy",))
-    for policy in policies:
-        if not POLICY_NAME.fullmatch(policy):
-            raise click.UsageError(
-                f"--policy {policy!r}: a policy's name is 1-64 letters, digits, '_' or '-' "
-                "(it is a resource's name and part of ids and a consumer group)"
-            )
-    if len(set(policies)) < len(policies):
-        raise click.UsageError(f"--policy names a policy twice: {', '.join(policies)}")
+    policies = check_policies(options.get("policies") or ("policy",))
     try:
         checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agl_stream.events import Checkpoint
 
@@ -81,3 +81,12 @@ class Engine(Protocol):
 
     def stats(self) -> Mapping[str, int | float]:
         """Counters for /health and /metrics."""
+
+
+@runtime_checkable
+class SharedEngine(Protocol):
+    """An engine several policies share (vLLM with a LoRA adapter per policy): each policy
+    is a lane, an Engine of its own for loading and calls; the shared engine is run and
+    closed once."""
+
+    def lane(self, name: str) -> Engine: ...

@@ -1,7 +1,11 @@
 """`agl-stream serve`: a policy behind the OpenAI API, with token ids and logprobs in every
 answer and the resources version that answered in `system_fingerprint` and a header. It
 serves a fixed model, or follows the resources topic (the latest version, or a pinned one)
-and reloads when a new checkpoint is published."""
+and reloads when a new checkpoint is published.
+
+It serves one policy, or several (`policies`): each is a lane that follows the checkpoint
+resource of its name and answers the calls whose `model` names it. With vLLM the lanes share
+one engine (each policy a LoRA adapter of one base); with torch each has its own model."""
 
 from __future__ import annotations
 
@@ -9,12 +13,15 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
+from agl_stream.agent.llm import POLICY
 from agl_stream.commands.resources import ResourceCache
 from agl_stream.events import Checkpoint
 from agl_stream.gateway.routes import RESOURCES_HEADER
@@ -34,9 +41,8 @@ from agl_stream.serving.api import (
     token_texts,
 )
 from agl_stream.serving.engine import Loaded, TorchEngine
-from agl_stream.serving.engines import Engine, EngineError, Job, Serving
+from agl_stream.serving.engines import Engine, EngineError, Job, Serving, SharedEngine
 from agl_stream.telemetry.metrics import WorkerMetrics
-from agl_stream.telemetry.spans import Attributes
 from agl_stream.training.device import Placement
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,17 @@ ENDPOINTS = {"/v1/chat/completions": CallKind.CHAT, "/v1/completions": CallKind.
 MAX_BODY = 4 * 1024 * 1024
 
 
+@dataclass
+class Lane:
+    """One policy served: the model name its calls give, the checkpoint resource it follows,
+    the engine that answers it, and the versions it refused (id: why)."""
+
+    name: str
+    resource: str
+    engine: Engine
+    refused: dict[str, str] = field(default_factory=dict)
+
+
 class PolicyServer:
     def __init__(
         self,
@@ -53,15 +70,28 @@ class PolicyServer:
         max_batch: int = 32,
         placement: Placement | None = None,
         engine: Engine | None = None,
+        policies: Sequence[str] = (),
     ) -> None:
         self.model_name = model_name
         # The torch engine by default, loading published checkpoints where `placement` says.
         self.engine: Engine = engine if engine is not None else TorchEngine(max_batch, placement)
+        self.engines = [self.engine]  # run and closed by this server
+        self.lanes: dict[str, Lane] = {}
+        if not policies:
+            self.lanes[model_name] = Lane(model_name, "policy", self.engine)
+        elif isinstance(self.engine, SharedEngine):
+            for name in policies:
+                self.lanes[name] = Lane(name, name, self.engine.lane(name))
+        elif engine is None:  # torch: a model per policy
+            self.engines = [TorchEngine(max_batch, placement) for _ in policies]
+            for name, own in zip(policies, self.engines, strict=True):
+                self.lanes[name] = Lane(name, name, own)
+        else:
+            raise ValueError("several policies need an engine they can share (vLLM), or none")
+        self.several = bool(policies)  # calls name their policy as their model
         self.reloads = 0
         self.cache: ResourceCache | None = None  # what follow() folds: versions by id
         self.catch_up_seconds = 10.0
-        self.resource = "policy"
-        self.refused: dict[str, str] = {}  # versions whose checkpoint would not load: why
         self._tasks: list[asyncio.Task[None]] = []
         self._listening: Listening | None = None
         self.url = ""
@@ -74,17 +104,31 @@ class PolicyServer:
         })  # fmt: skip
 
     @property
+    def _first(self) -> Lane:
+        return next(iter(self.lanes.values()))
+
+    @property
+    def resource(self) -> str:
+        return self._first.resource
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """Versions whose checkpoint would not load: why (one policy's; see lanes)."""
+        return self._first.refused
+
+    @property
     def serving(self) -> Serving | None:
-        return self.engine.serving
+        return self._first.engine.serving
 
     @property
     def resources_id(self) -> str | None:
-        serving = self.engine.serving
+        serving = self.serving
         return serving.resources_id if serving else None
 
     def load(self, loaded: Loaded) -> None:
-        """Serve `loaded` (torch engine) from the next batch on."""
+        """Serve `loaded` (torch engine, one policy) from the next batch on."""
         assert isinstance(self.engine, TorchEngine), "load() puts a torch policy in place"
+        assert not self.several, "load() serves one policy"
         first = self.engine.serving is None
         self.engine.put(loaded)
         self._loaded(loaded.resources_id, first)
@@ -98,56 +142,73 @@ class PolicyServer:
         moved, self._moved = self._moved, asyncio.Event()
         moved.set()
 
-    async def follow(self, cache: ResourceCache, resource: str, pin: str | None) -> None:
+    async def follow(
+        self, cache: ResourceCache, resource: str | None = None, pin: str | None = None
+    ) -> None:
         """Keep serving the pinned version's `resource` checkpoint, or the latest version's (a
-        version without one leaves the served policy as it is). Every change is looked at,
-        including those that land while a load runs."""
-        self.cache, self.resource = cache, resource
+        version without one leaves the served policy as it is); with several policies, each
+        policy's checkpoint (a resource of its name). Every change is looked at, including
+        those that land while a load runs."""
+        self.cache = cache
+        if resource is not None and not self.several:
+            self._first.resource = resource
         if pin is not None:
             self.catch_up_seconds = 0.0  # pinned: that version answers everyone
+        await asyncio.gather(*(self._follow(lane, cache, pin) for lane in self.lanes.values()))
+
+    async def _follow(self, lane: Lane, cache: ResourceCache, pin: str | None) -> None:
         while True:
             version = cache.versions.get(pin) if pin else cache.latest
-            checkpoint = version.resources.get(resource) if version else None
+            checkpoint = version.resources.get(lane.resource) if version else None
+            served = lane.engine.serving
             if (
                 version is None
                 or not isinstance(checkpoint, Checkpoint)
-                or version.resources_id in {self.resources_id, *self.refused}
-            ):
+                or version.resources_id in {served.resources_id if served else None,
+                                            *lane.refused}
+                or (self.several and served is not None
+                    and _same_checkpoint(cache, served, lane, checkpoint))
+            ):  # fmt: skip
                 await cache.changed()
                 continue
-            attributes: Attributes = {
+            attributes: dict[str, str | int] = {
                 "agl.resources_id": version.resources_id, "agl.version": version.version,
             }  # fmt: skip
+            if self.several:
+                attributes[POLICY] = lane.name
             with self.metrics.tracer.span("policy_server.reload", attributes=attributes) as span:
                 try:
                     began = time.monotonic()
-                    first = self.engine.serving is None
-                    await self.engine.load(version.resources_id, checkpoint)
+                    first = served is None
+                    await lane.engine.load(version.resources_id, checkpoint)
                     self._loaded(version.resources_id, first)
                     self.metrics.observe(
                         "reload", time.monotonic() - began, "Loading a published checkpoint."
                     )
-                    self.metrics.set("version", version.version, "The resources version served.")
+                    if not self.several:
+                        self.metrics.set(
+                            "version", version.version, "The resources version served."
+                        )
                 except (ValueError, OSError) as exc:
-                    self.refused[version.resources_id] = str(exc)
-                    log.error("cannot load %s: %s", version.resources_id, exc)
+                    lane.refused[version.resources_id] = str(exc)
+                    log.error("cannot load %s for %s: %s", version.resources_id, lane.name, exc)
                     span.set_status(Status(StatusCode.ERROR, f"refused: {exc}"[:500]))
                     self._wake()
 
-    async def _catch_up(self, wanted: str | None) -> None:
+    async def _catch_up(self, wanted: str | None, lane: Lane) -> None:
         """A caller that ran on a version newer than the one served (the gateway says which
         its attempt has) waits, briefly, for the reload, so on-policy stays on-policy.
         Older versions are answered by the current one; the answer says which."""
         if wanted is None or self.cache is None:
             return
-        if not self._behind(wanted):
+        if not self._behind(wanted, lane):
             return
         self.counts["catch_up_waits"] += 1
         loop = asyncio.get_running_loop()
         began = loop.time()
         deadline = began + self.catch_up_seconds
         # Two things move the condition (the resources fold and a load): woken by either.
-        while self._behind(wanted) and (remaining := deadline - loop.time()) > 0:
+        while self._behind(wanted, lane) and (remaining := deadline - loop.time()) > 0:
             waits = [asyncio.ensure_future(self.cache.next_change().wait()),
                      asyncio.ensure_future(self._moved.wait())]  # fmt: skip
             try:
@@ -159,16 +220,21 @@ class PolicyServer:
             "catch_up", loop.time() - began, "A call's wait for a newer version to load."
         )
 
-    def _behind(self, wanted: str) -> bool:
+    def _behind(self, wanted: str, lane: Lane) -> bool:
         assert self.cache is not None
-        if wanted == self.resources_id or wanted in self.refused:
+        served = lane.engine.serving
+        served_id = served.resources_id if served else None
+        if wanted == served_id or wanted in lane.refused:
             return False
         target = self.cache.versions.get(wanted)
-        current = self.cache.versions.get(self.resources_id or "")
+        current = self.cache.versions.get(served_id or "")
         if target is None:
             return True  # not folded yet: the runner saw it, so it is on its way
-        if not isinstance(target.resources.get(self.resource), Checkpoint):
+        checkpoint = target.resources.get(lane.resource)
+        if not isinstance(checkpoint, Checkpoint):
             return False  # a version that changed other resources: the policy is the same
+        if self.several and served and _same_checkpoint(self.cache, served, lane, checkpoint):
+            return False  # another policy's version: this one's checkpoint is the one served
         return current is None or target.version > current.version
 
     async def start(self, host: str, port: int, token: str | None = None) -> str:
@@ -179,7 +245,7 @@ class PolicyServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self.metrics.respond)
-        self._tasks.append(asyncio.create_task(self.engine.run()))
+        self._tasks.extend(asyncio.create_task(engine.run()) for engine in self.engines)
         self._listening = await Listening.start(app, host, port)
         self.url = self._listening.url
         return self.url
@@ -190,35 +256,64 @@ class PolicyServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._listening is not None:
             await self._listening.stop()
-        await self.engine.close()
+        for engine in self.engines:
+            await engine.close()
 
     # -- handlers ---------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        model = {"id": self.model_name, "object": "model", "owned_by": "agl-stream"}
-        return web.json_response({"object": "list", "data": [model]})
+        models = [{"id": name, "object": "model", "owned_by": "agl-stream"}
+                  for name in self.lanes]  # fmt: skip
+        return web.json_response({"object": "list", "data": models})
 
     async def _health(self, request: web.Request) -> web.Response:
-        """200 while a version is served and the engine answers; what it serves, what it
-        refused and why, and the engine's counters (its restarts, say)."""
-        stats = dict(self.engine.stats())
-        body = {
+        """200 while every policy has a version served and the engine answers; what it
+        serves, what it refused and why, and the engine's counters (its restarts, say)."""
+        stats: Counter[str] = Counter()
+        for engine in self.engines:
+            stats.update(engine.stats())
+        down = next((engine.down for engine in self.engines if engine.down), None)
+        body: dict[str, Any] = {
             "resources_id": self.resources_id, "reloads": self.reloads, **stats,
-            "refused": self.refused, "engine_down": self.engine.down,
+            "refused": self.refused, "engine_down": down,
             "engine_url": self.engine.url, "in_flight": self.in_flight,
         }  # fmt: skip
-        ok = self.engine.serving is not None and body["engine_down"] is None
+        if self.several:
+            body["resources_id"] = None
+            body["refused"] = {}
+            body["policies"] = {
+                lane.name: {"resources_id": _served_id(lane), "refused": lane.refused}
+                for lane in self.lanes.values()
+            }  # fmt: skip
+        ok = all(lane.engine.serving for lane in self.lanes.values()) and down is None
         return web.json_response(body, status=200 if ok else 503)
+
+    def _lane(self, model: object) -> Lane | None:
+        """The policy a call asks for: with several, the one its `model` names."""
+        if not self.several:
+            return self._first
+        return self.lanes.get(model) if isinstance(model, str) else None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         kind = ENDPOINTS[request.path]
-        await self._catch_up(request.headers.get(RESOURCES_HEADER))
-        serving = self.engine.serving
+        try:
+            body = parse_request(await request.read())
+        except BadRequest as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        lane = self._lane(body.get("model"))
+        if lane is None:
+            message = (
+                f"the model {body.get('model')!r} is not served here; the policies served "
+                f"are {', '.join(sorted(self.lanes))}"
+            )
+            return _error(404, message, "model_not_found")
+        await self._catch_up(request.headers.get(RESOURCES_HEADER), lane)
+        serving = lane.engine.serving
         if serving is None:
             return _error(503, "no policy version has been published yet", "not_ready")
         tokenizer, context = serving.tokenizer, serving.context
         try:
-            generation = read_generation(kind, parse_request(await request.read()), context)
+            generation = read_generation(kind, body, context)
             text = render_prompt(tokenizer, generation)
         except (BadRequest, InvalidRequest) as exc:
             return _error(400, str(exc), "invalid_request_error")
@@ -232,23 +327,28 @@ class PolicyServer:
             )
             return _error(400, message, "invalid_request_error")
         if generation.stream:
-            return await self._stream(request, generation, prompt_ids, tokenizer)
+            return await self._stream(request, generation, prompt_ids, tokenizer, lane)
         job = _job(generation, prompt_ids, lambda token, logprob: None)
         try:
-            resources_id = await self._submit(job)
+            resources_id = await self._submit(job, lane)
         except EngineError as exc:
             self.counts["failed"] += 1
             return _error(exc.status, str(exc), exc.kind)
         self._count(job)
         answered = _answered(tokenizer, generation, job, resources_id)
-        body = response_body(new_id(kind), self.model_name, answered, kind)
+        answer = response_body(new_id(kind), lane.name, answered, kind)
         return web.Response(
-            body=orjson.dumps(body), content_type="application/json",
+            body=orjson.dumps(answer), content_type="application/json",
             headers={RESOURCES_HEADER: resources_id},
         )  # fmt: skip
 
     async def _stream(
-        self, request: web.Request, generation: Generation, prompt_ids: list[int], tokenizer: Any
+        self,
+        request: web.Request,
+        generation: Generation,
+        prompt_ids: list[int],
+        tokenizer: Any,
+        lane: Lane,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
@@ -258,7 +358,7 @@ class PolicyServer:
             lambda token, logprob: loop.call_soon_threadsafe(tokens.put_nowait, (token, logprob)),
         )
         job.stream = True
-        done = asyncio.create_task(self._submit(job))
+        done = asyncio.create_task(self._submit(job, lane))
         done.add_done_callback(lambda _: tokens.put_nowait(None))
         call_id, kind = new_id(generation.kind), generation.kind
         detokenizer = Detokenizer(tokenizer, generation.skip_special_tokens)
@@ -273,7 +373,7 @@ class PolicyServer:
             await _send(
                 response,
                 chunk_body(
-                    call_id, self.model_name, kind, job.resources_id, delta, [token],
+                    call_id, lane.name, kind, job.resources_id, delta, [token],
                     token_texts(tokenizer, [token]), [logprob],
                     prompt_token_ids=prompt_ids if first else None,
                 ),
@@ -288,7 +388,7 @@ class PolicyServer:
             return response
         self._count(job)
         final = chunk_body(
-            call_id, self.model_name, kind, job.resources_id, detokenizer.finish(),
+            call_id, lane.name, kind, job.resources_id, detokenizer.finish(),
             finish_reason=job.finish_reason,
         )  # fmt: skip
         await _send(response, final)
@@ -296,10 +396,10 @@ class PolicyServer:
         await response.write_eof()
         return response
 
-    async def _submit(self, job: Job) -> str:
+    async def _submit(self, job: Job, lane: Lane) -> str:
         self.in_flight += 1
         try:
-            return await self.engine.submit(job)
+            return await lane.engine.submit(job)
         finally:
             self.in_flight -= 1
 
@@ -307,6 +407,21 @@ class PolicyServer:
         self.counts["requests"] += 1
         self.counts["prompt_tokens"] += len(job.prompt_ids)
         self.counts["generated_tokens"] += len(job.token_ids)
+
+
+def _served_id(lane: Lane) -> str | None:
+    serving = lane.engine.serving
+    return serving.resources_id if serving else None
+
+
+def _same_checkpoint(
+    cache: ResourceCache, served: Serving, lane: Lane, checkpoint: Checkpoint
+) -> bool:
+    """Whether `checkpoint` is the one already served: a version that another policy's
+    trainer published holds this policy's checkpoint unchanged (not loaded again)."""
+    version = cache.versions.get(served.resources_id)
+    held = version.resources.get(lane.resource) if version else None
+    return isinstance(held, Checkpoint) and held.content_hash == checkpoint.content_hash
 
 
 async def _event_stream(request: web.Request, resources_id: str) -> web.StreamResponse:

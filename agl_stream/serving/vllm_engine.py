@@ -10,12 +10,17 @@ reloaded in place (pause, reload through the worker extension that re-ties the o
 layer, reset the prefix cache, resume) or a LoRA adapter is loaded. A checkpoint refused,
 or a reload that fails, leaves the version served before. A vLLM that dies is started again
 on the version it served; the calls it had fail with EngineUnavailable (HTTP 503: retry).
+
+Several policies can share one vLLM as LoRA adapters of one base: each is a lane (`lane()`),
+with its own version served as an adapter named after the lane and the version; a call
+names its lane. A lane's checkpoint must then be an adapter of the base the others use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -58,6 +63,7 @@ log = logging.getLogger(__name__)
 WATCH_SECONDS = 2.0  # how often an idle engine's /health is asked
 HEALTH_TIMEOUT = 10.0
 MERGED_PREFIX = "agl-merged-"  # + the server's process id + a random part
+ONLY = ""  # the lane of an engine serving one policy
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class _Plan:
     base_hash: str
     adapter: AdapterShape | None
     tokenizer: Any
+    checkpoint: Checkpoint
 
 
 class Gate:
@@ -131,7 +138,8 @@ class VllmEngine:
         self.lora_rank = 0  # of the running engine (0: LoRA off)
         self.gate = Gate()
         self.counts = {"answered": 0, "engine_failures": 0, "engine_restarts": 0}
-        self._serving: Served | None = None
+        self._lanes: dict[str, Served] = {}  # lane -> the version it serves
+        self._lane_names: set[str] = set()
         self._down: str | None = None
         self._suspect = asyncio.Event()  # a call failed: look at the engine now
         self._started = asyncio.Event()
@@ -140,7 +148,19 @@ class VllmEngine:
 
     @property
     def serving(self) -> Served | None:
-        return self._serving
+        return self._lanes.get(ONLY)
+
+    def served(self, lane: str) -> Served | None:
+        return self._lanes.get(lane)
+
+    def lane(self, name: str) -> VllmLane:
+        """The engine as one policy of several sees it: an Engine whose versions are LoRA
+        adapters of the base every lane shares, called by the lane's name."""
+        if not name:
+            raise ValueError("a lane needs a name (the policy it serves)")
+        self._lane_names.add(name)
+        self.settings = dataclasses.replace(self.settings, adapters=len(self._lane_names))
+        return VllmLane(self, name)
 
     @property
     def down(self) -> str | None:
@@ -156,12 +176,17 @@ class VllmEngine:
 
     # -- loading ----------------------------------------------------------------------------
 
-    async def load(self, resources_id: str, checkpoint: Checkpoint) -> None:
-        plan = await asyncio.to_thread(self._check, checkpoint)
+    async def load(self, resources_id: str, checkpoint: Checkpoint, lane: str = ONLY) -> None:
+        plan = await asyncio.to_thread(self._check, checkpoint, lane)
         async with self.gate.alone():
-            await self._apply(resources_id, plan)
+            await self._apply(resources_id, plan, lane)
 
-    def _check(self, checkpoint: Checkpoint) -> _Plan:
+    def _shared(self, lane: str) -> Served | None:
+        """What a lane's new version is checked against: its own version, else another
+        lane's (several lanes share the base)."""
+        return self._lanes.get(lane) or next(iter(self._lanes.values()), None)
+
+    def _check(self, checkpoint: Checkpoint, lane: str = ONLY) -> _Plan:
         """The checkpoint's files checked against the model served (in a thread: hashing)."""
         if checkpoint.format == "safetensors":
             base_dir, base_hash = _directory(checkpoint.uri), checkpoint.content_hash
@@ -178,7 +203,9 @@ class VllmEngine:
                 f"checkpoint {checkpoint.uri} has format {checkpoint.format!r}; "
                 "'safetensors' (a model) and 'peft' (a LoRA adapter) are served"
             )
-        served = self._serving
+        served = self._shared(lane)
+        if lane != ONLY:
+            _check_shared_base(lane, checkpoint, base_hash, self._lanes)
         if served is not None and served.base is not None and base_hash == served.base_hash:
             base = served.base  # the model served: checked when it was loaded
         else:
@@ -194,32 +221,37 @@ class VllmEngine:
                 f"the tokenizer of {checkpoint.uri} has {len(tokenizer)} tokens, more than "
                 f"the model's {base.config.get('vocab_size')}"
             )
-        return _Plan(base, base_hash, adapter, tokenizer)
+        return _Plan(base, base_hash, adapter, tokenizer, checkpoint)
 
-    async def _apply(self, resources_id: str, plan: _Plan) -> None:
-        before = self._serving
-        merging = plan.adapter is not None and self.settings.merge_adapters
+    async def _apply(self, resources_id: str, plan: _Plan, lane: str = ONLY) -> None:
+        if lane != ONLY:  # again, now that the lanes cannot change: two may have loaded at once
+            _check_shared_base(lane, plan.checkpoint, plan.base_hash, self._lanes)
+        before = self._lanes.get(lane)
+        shared = self._shared(lane)  # the base the engine runs now
+        merging = plan.adapter is not None and self.settings.merge_adapters and lane == ONLY
         rank = plan.adapter.rank if plan.adapter and not merging else 0
         if self.process is None or (rank and lora_rank_for(rank) > self.lora_rank):
-            # No engine yet, or one without room for this adapter: (re)started on the base.
+            # No engine yet, or one without room for this adapter: (re)started on the base,
+            # with the other lanes' adapters put back.
             try:
-                await self._start(plan.base, rank)
-            except EngineStartFailed as exc:
-                if before is not None:
-                    await self._restore(before)
+                await self._start(plan.base, max(rank, self._lanes_rank(lane)))
+                await self._put_back_lanes(but=lane)
+            except (EngineStartFailed, EngineError) as exc:
+                if shared is not None:
+                    await self._restore()
                 raise CheckpointRefused(
                     f"vLLM could not serve {plan.base.directory}: {exc}"
                 ) from None
-        elif (before is None or plan.base_hash != before.base_hash) or (
-            not merging and before.merged is not None
+        elif (shared is None or plan.base_hash != shared.base_hash) or (
+            not merging and shared.merged is not None
         ):
             # A new base; or, from merged weights, the base itself (a merged version only
             # reloads what its adapter changes: see merge_adapter).
             try:
                 await self._reload(plan.base.directory)
             except EngineError as exc:
-                if before is not None:
-                    await self._restore(before)
+                if shared is not None:
+                    await self._restore()
                 raise CheckpointRefused(
                     f"vLLM could not reload {plan.base.directory}: {exc}"
                 ) from None
@@ -236,12 +268,12 @@ class VllmEngine:
             except EngineError as exc:
                 shutil.rmtree(merged, ignore_errors=True)
                 if before is not None:
-                    await self._restore(before)
+                    await self._restore()
                 raise CheckpointRefused(f"vLLM could not reload {merged}: {exc}") from None
         elif plan.adapter is not None:
-            model = resources_id
+            model = resources_id if lane == ONLY else f"{lane}@{resources_id}"
             await self._load_adapter(model, plan.adapter.directory)
-        self._serving = Served(
+        self._lanes[lane] = Served(
             resources_id, plan.tokenizer, context, plan.base, plan.base_hash, plan.adapter, model,
             merged,
         )  # fmt: skip
@@ -251,17 +283,30 @@ class VllmEngine:
             with contextlib.suppress(EngineError):  # only frees a slot
                 await self._post("/v1/unload_lora_adapter", {"lora_name": before.model})
 
-    async def _restore(self, served: Served) -> None:
-        """Back to the version served before a failed reload (vLLM's own state may be
+    async def _restore(self) -> None:
+        """Back to the versions served before a failed reload (vLLM's own state may be
         broken by it: a new engine on the old weights)."""
+        served = next(iter(self._lanes.values()))
         assert served.base is not None
         try:
-            rank = served.adapter.rank if served.adapter and served.merged is None else 0
-            await self._start(served.base, rank)
-            await self._put_back(served)
+            await self._start(served.base, self._lanes_rank())
+            await self._put_back_lanes()
         except (EngineStartFailed, EngineError) as exc:
             self._down = f"the vLLM engine could not be started again: {exc}"
             self._suspect.set()  # the watcher keeps trying
+
+    def _lanes_rank(self, but: str | None = None) -> int:
+        """The largest rank of the adapters the lanes serve (0: none), `but` one left out."""
+        return max(
+            (s.adapter.rank for lane, s in self._lanes.items()
+             if lane != but and s.adapter is not None and s.merged is None),
+            default=0,
+        )  # fmt: skip
+
+    async def _put_back_lanes(self, but: str | None = None) -> None:
+        for lane, served in self._lanes.items():
+            if lane != but:
+                await self._put_back(served)
 
     async def _start(self, base: ModelShape, rank: int) -> None:
         if self.process is not None:
@@ -311,11 +356,11 @@ class VllmEngine:
 
     # -- calls ------------------------------------------------------------------------------
 
-    async def submit(self, job: Job) -> str:
+    async def submit(self, job: Job, lane: str = ONLY) -> str:
         if self._down is not None:  # not queued behind a restart: the caller retries
             raise EngineUnavailable(self._down)
         async with self.gate.call():
-            served = self._serving
+            served = self._lanes.get(lane)
             if self._down is not None:
                 raise EngineUnavailable(self._down)
             assert served is not None, "nothing is served yet"
@@ -376,12 +421,12 @@ class VllmEngine:
                 await self._recover()
 
     async def _recover(self) -> None:
-        served = self._serving
+        served = next(iter(self._lanes.values()), None)
         delay = 1.0
         while served is not None and served.base is not None:
             try:
                 await self._start(served.base, self.lora_rank)
-                await self._put_back(served)
+                await self._put_back_lanes()
             except (EngineStartFailed, EngineError) as exc:
                 log.error("the vLLM engine did not start again (%s); trying again", exc)
                 await asyncio.sleep(delay)
@@ -390,7 +435,8 @@ class VllmEngine:
             break
         self.counts["engine_restarts"] += 1
         self._down = None
-        log.info("the vLLM engine is back, serving %s", served.resources_id if served else None)
+        serving = [served.resources_id for served in self._lanes.values()]
+        log.info("the vLLM engine is back, serving %s", serving)
 
     async def _watch(self, process: VllmProcess) -> str:
         """Returns why `process` is taken for dead: it exited, or /health failed."""
@@ -440,8 +486,9 @@ class VllmEngine:
             await process.stop()
         if self._session is not None:
             await self._session.close()
-        if self._serving is not None and self._serving.merged is not None:
-            shutil.rmtree(self._serving.merged, ignore_errors=True)
+        for served in self._lanes.values():
+            if served.merged is not None:
+                shutil.rmtree(served.merged, ignore_errors=True)
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -469,6 +516,62 @@ class VllmEngine:
             raise EngineError(f"{path} answered {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"{path} failed: {type(exc).__name__}: {exc}") from None
+
+
+class VllmLane:
+    """One policy of several served by one vLLM engine, as an Engine: its versions load as
+    adapters beside the other lanes', its calls name its adapter. The engine's own work
+    (run, close) is the engine's, done once by whoever holds it."""
+
+    def __init__(self, engine: VllmEngine, name: str) -> None:
+        self.engine = engine
+        self.name = name
+
+    @property
+    def serving(self) -> Served | None:
+        return self.engine.served(self.name)
+
+    @property
+    def down(self) -> str | None:
+        return self.engine.down
+
+    @property
+    def url(self) -> str | None:
+        return self.engine.url
+
+    def stats(self) -> Mapping[str, int | float]:
+        return self.engine.stats()
+
+    async def load(self, resources_id: str, checkpoint: Checkpoint) -> None:
+        await self.engine.load(resources_id, checkpoint, self.name)
+
+    async def submit(self, job: Job) -> str:
+        return await self.engine.submit(job, self.name)
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()  # the engine runs once, not once per lane
+
+    async def close(self) -> None:
+        pass
+
+
+def _check_shared_base(
+    lane: str, checkpoint: Checkpoint, base_hash: str, lanes: Mapping[str, Served]
+) -> None:
+    """A lane of several serves LoRA adapters of the base the other lanes use."""
+    if checkpoint.format != "peft":
+        raise CheckpointRefused(
+            f"policy {lane!r}: {checkpoint.uri} is a whole model; policies that share one "
+            "vLLM are LoRA adapters of one base (serve a whole-model policy with a serve "
+            "of its own)"
+        )
+    for other, served in lanes.items():
+        if other != lane and served.base_hash != base_hash:
+            raise CheckpointRefused(
+                f"policy {lane!r}: the adapter {checkpoint.uri} is of another base than "
+                f"policy {other!r}'s ({checkpoint.base_uri}); policies that share one vLLM "
+                "share its base"
+            )
 
 
 class _Failed(Exception):

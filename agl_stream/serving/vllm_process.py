@@ -55,6 +55,7 @@ class VllmSettings:
     # instead of loaded as vLLM's LoRA adapter: vLLM's CPU build generated 32 concurrent
     # answers 3.5x slower with an adapter than without (19.7 s against 5.4 s).
     merge_adapters: bool = False
+    adapters: int = 1  # LoRA adapters served at once (one per policy sharing the engine)
 
 
 def cpu_build() -> bool:
@@ -98,7 +99,8 @@ def command(
         args.append("--enforce-eager")
     if lora_rank:
         args += ["--enable-lora", "--max-lora-rank", str(lora_rank_for(lora_rank))]
-        args += ["--max-loras", "2"]  # the adapter served and the one replacing it
+        # Each adapter served, and one replacing an adapter by its next version.
+        args += ["--max-loras", str(settings.adapters + 1)]
     return [*args, *settings.extra_args]
 
 

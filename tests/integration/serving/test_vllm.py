@@ -18,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,25 @@ class Served:
         await eventually(moved, within, f"{resources_id} to be served")
         return state
 
+    async def serving_policies(self, wanted: dict[str, str]) -> dict[str, Any]:
+        """Several policies: until each serves the version `wanted` names for it, or refused
+        it; the health body then."""
+        state: dict[str, Any] = {}
+
+        async def moved() -> bool:
+            nonlocal state
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            state = await self.health()
+            policies = state["policies"]
+            return all(
+                policies[name]["resources_id"] == resources_id
+                or resources_id in policies[name]["refused"]
+                for name, resources_id in wanted.items()
+            )
+
+        await eventually(moved, START, f"{wanted} to be served")
+        return state
+
 
 def checkpoint_of(policy: Policy, directory: Path) -> Checkpoint:
     save_policy(policy, directory)
@@ -146,10 +166,12 @@ async def complete(
         return answer
 
 
-async def check_answers(served: Served, policy: Policy, resources_id: str) -> None:
+async def check_answers(
+    served: Served, policy: Policy, resources_id: str, model: str = "policy"
+) -> None:
     """Every prompt's greedy answer is `policy`'s: the same ids, logprobs to 1e-4."""
     for prompt in PROMPTS:
-        answer = await complete(served.url, prompt)
+        answer = await complete(served.url, prompt, model=model)
         tokens, logprobs = offline(policy, prompt)
         choice = answer["choices"][0]
         assert answer["system_fingerprint"] == resources_id
@@ -166,22 +188,20 @@ def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-@pytest.fixture(scope="module")
-async def served(
-    embedded_backend: Backend, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Served]:
+@asynccontextmanager
+async def serve_process(backend: Backend, root: Path, *options: str) -> AsyncIterator[Served]:
+    """`agl-stream serve --engine vllm` with `options`, on topics of its own."""
     kafka = load(
-        KafkaSettings, bootstrap_servers=embedded_backend.bootstrap_servers,
+        KafkaSettings, bootstrap_servers=backend.bootstrap_servers,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.", replication_factor=1,
     )  # fmt: skip
     await apply_topics(kafka)
-    root = tmp_path_factory.mktemp("vllm")
     port = free_port()
     log = root / "serve.log"
     command = [
         sys.executable, "-m", "agl_stream.cli.main", "serve", "--engine", "vllm",
         "--port", str(port), "--vllm-enforce-eager", "--vllm-max-lora-rank", "8",
-        "--vllm-log", str(root / "vllm.log"), "-v",
+        "--vllm-log", str(root / "vllm.log"), "-v", *options,
     ]  # fmt: skip
     process = start(command, child_environment(kafka), log)
     state = Served(f"http://127.0.0.1:{port}", kafka, root, process, log)
@@ -196,7 +216,6 @@ async def served(
             return True
 
         await eventually(listening, 60, "the policy server to listen")
-        await state.publish("llm", llm=LLM(endpoint=f"{state.url}/v1", model="policy"))
         yield state
     finally:
         process.terminate()
@@ -208,6 +227,15 @@ async def served(
         async with admin_client(kafka) as admin:
             names = [t for t in await admin.list_topics() if t.startswith(kafka.topic_prefix)]
             await admin.delete_topics(names)
+
+
+@pytest.fixture(scope="module")
+async def served(
+    embedded_backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Served]:
+    async with serve_process(embedded_backend, tmp_path_factory.mktemp("vllm")) as state:
+        await state.publish("llm", llm=LLM(endpoint=f"{state.url}/v1", model="policy"))
+        yield state
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +282,7 @@ async def test_token_ids_round_trip_through_the_gateway(
             assert call.attributes[RESOURCES_ID] == name
 
 
-def lora_adapter(base: Policy, directory: Path) -> Any:
+def lora_adapter(base: Policy, directory: Path, seed: int = 7) -> Any:
     """A LoRA adapter with random (non-zero) matrices, saved as PEFT saves it; returns the
     base with the adapter merged, to compare with."""
     import copy
@@ -265,7 +293,7 @@ def lora_adapter(base: Policy, directory: Path) -> Any:
     config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
                         target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])  # fmt: skip
     model = get_peft_model(copy.deepcopy(base.model), config)
-    generator = torch.Generator().manual_seed(7)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_" in name:
@@ -430,3 +458,77 @@ async def test_a_killed_engine_fails_the_calls_in_flight_retryably_and_comes_bac
     after = await complete(served.url, PROMPTS[0])
     assert after["system_fingerprint"] == name
     assert after["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
+
+
+async def test_several_policies_share_one_vllm_as_adapters_of_one_base(
+    embedded_backend: Backend, tmp_path: Path, policies: dict[int, Policy]
+) -> None:
+    """`serve --policy speaker --policy listener`: one vLLM on the base, each policy's version
+    an adapter in it; each call is answered as the adapter of the policy it names (as peft
+    merges it), a policy's new version replaces only its own adapter, a whole model or an
+    adapter of another base is refused for the policy it names, and after the engine is
+    killed both adapters are back."""
+    base = checkpoint_of(policies[2], tmp_path / "base")
+    other_base = checkpoint_of(policies[1], tmp_path / "other-base")
+
+    def adapter(name: str, seed: int, on: Checkpoint = base) -> tuple[Checkpoint, Policy]:
+        directory = tmp_path / name
+        merged = lora_adapter(policies[2 if on is base else 1], directory, seed)
+        checkpoint = Checkpoint(
+            uri=directory.as_uri(), content_hash=content_hash(directory), format="peft",
+            base_uri=on.uri, base_content_hash=on.content_hash,
+        )  # fmt: skip
+        return checkpoint, Policy(merged, policies[2].tokenizer)
+
+    speaker, speaker_model = adapter("speaker-1", 7)
+    listener, listener_model = adapter("listener-1", 8)
+    root = tmp_path / "serve"
+    root.mkdir()
+    options = ("--policy", "speaker", "--policy", "listener")
+    async with serve_process(embedded_backend, root, *options) as served:
+        await served.publish("joint-v1", speaker=speaker, listener=listener)
+        state = await served.serving_policies({"speaker": "joint-v1", "listener": "joint-v1"})
+        assert state["status"] == 200, state
+        await check_answers(served, speaker_model, "joint-v1", model="speaker")
+        await check_answers(served, listener_model, "joint-v1", model="listener")
+        vllm_models = await engine_models(state["engine_url"])
+        assert vllm_models == {"speaker@joint-v1", "listener@joint-v1"}
+
+        # The speaker's trainer publishes its next version: only its adapter is replaced.
+        speaker_2, speaker_2_model = adapter("speaker-2", 9)
+        await served.publish("run-speaker-v2", speaker=speaker_2, listener=listener)
+        await served.serving_policies({"speaker": "run-speaker-v2", "listener": "joint-v1"})
+        await check_answers(served, speaker_2_model, "run-speaker-v2", model="speaker")
+        await check_answers(served, listener_model, "joint-v1", model="listener")
+        vllm_models = await engine_models(state["engine_url"])
+        assert vllm_models == {"speaker@run-speaker-v2", "listener@joint-v1"}
+
+        # Checkpoints one vLLM cannot share are refused for their policy, with the reason.
+        foreign, _ = adapter("listener-foreign", 10, on=other_base)
+        refused = {
+            "whole-v3": (checkpoint_of(policies[1], tmp_path / "whole"), "is a whole model"),
+            "foreign-v4": (foreign, "is of another base than policy 'speaker'"),
+        }
+        for name, (checkpoint, reason) in refused.items():
+            await served.publish(name, speaker=speaker_2, listener=checkpoint)
+            state = await served.serving_policies({"listener": name})
+            assert reason in state["policies"]["listener"]["refused"][name]
+            assert state["policies"]["speaker"]["resources_id"] == "run-speaker-v2"
+            assert state["status"] == 200
+
+        # The engine killed: started again on the base, with both adapters put back.
+        os.kill(engine_core(served), signal.SIGKILL)
+
+        async def back() -> bool:
+            state = await served.health()
+            return state["status"] == 200 and state["engine_restarts"] == 1
+
+        await eventually(back, START, "the engine to come back")
+        await check_answers(served, speaker_2_model, "run-speaker-v2", model="speaker")
+        await check_answers(served, listener_model, "joint-v1", model="listener")
+
+
+async def engine_models(engine_url: str) -> set[str]:
+    """The adapters vLLM itself serves (its base is "base" to it)."""
+    async with aiohttp.ClientSession() as session, session.get(f"{engine_url}/v1/models") as r:
+        return {m["id"] for m in (await r.json())["data"]} - {"base"}

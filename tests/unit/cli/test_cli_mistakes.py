@@ -204,3 +204,23 @@ def test_one_trainer_process_gives_each_policy_its_directory_seed_and_id(tmp_pat
     ]  # fmt: skip
     assert len({c.worker_id for c in found}) == 2
     assert each_policy(base, ("speaker",)) == [base]
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--policy", "a", "--resource", "b"], "--resource and --policy do not mix"),
+        (["--policy", "a", "--served-model-name", "b"], "--served-model-name and --policy"),
+        (["--policy", "a", "--model", "tiny"], "--model and --policy do not mix"),
+        (["--policy", "a b"], "--policy 'a b': a policy's name is 1-64 letters"),
+        (["--policy", "a", "--policy", "a"], "--policy names a policy twice"),
+        (
+            ["--policy", "a", "--policy", "b", "--engine", "vllm", "--vllm-lora", "merge"],
+            "--vllm-lora merge serves one policy",
+        ),
+    ],
+    ids=["resource", "model name", "model", "bad name", "twice", "merge"],
+)
+def test_serving_several_policies_wrongly_is_a_sentence(args: list[str], problem: str) -> None:
+    text = said(CliRunner().invoke(cli, ["serve", *args], env=NOBODY), 2)
+    assert problem in text
