@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from agl_stream.agent.llm import (
@@ -33,7 +34,7 @@ from agl_stream.gateway.proxy import Gateway
 from agl_stream.gateway.recording import UNATTRIBUTED
 from agl_stream.queries import NotFound, ReadModel
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, child_environment
-from agl_stream.serving.engine import Loaded
+from agl_stream.serving.engine import Loaded, TorchEngine
 from agl_stream.serving.server import PolicyServer
 from agl_stream.training.model import content_hash, save_policy, tiny_chat_policy
 from benchmarks import stub_upstream
@@ -273,14 +274,18 @@ async def test_an_error_event_mid_stream_records_the_call_as_failed(kafka: Kafka
     assert gateway.counts["failed"] == 1 and gateway.counts["calls"] == 1
 
 
+@pytest.mark.parametrize("one_server", [False, True], ids=["a server each", "one server"])
 async def test_a_call_naming_a_policy_goes_to_its_server_and_its_span_names_it(
-    kafka: KafkaSettings, tmp_path: Path
+    kafka: KafkaSettings, tmp_path: Path, one_server: bool
 ) -> None:
     """Several policies: the attempt's version holds a checkpoint per policy and an LLM serving
     each (its model the policy's name). A call through either LLM resource that names a
-    policy as its model is answered by that policy's server; every call's span names the
-    policy that answered (what each policy's trainer takes)."""
+    policy as its model is answered by that policy's server, or by that policy in one server
+    of both (`serve --policy speaker --policy listener`); every call's span names the policy
+    that answered (what each policy's trainer takes)."""
     servers, resources = [], {}
+    both = PolicyServer(policies=("speaker", "listener"))
+    url = await both.start("127.0.0.1", 0) if one_server else ""
     try:
         for seed, name in enumerate(("speaker", "listener"), start=1):
             policy = tiny_chat_policy(seed=seed)
@@ -288,10 +293,15 @@ async def test_a_call_naming_a_policy_goes_to_its_server_and_its_span_names_it(
             save_policy(policy, directory)
             made = Checkpoint(uri=directory.as_uri(), content_hash=content_hash(directory))
             resources[name] = made
-            server = PolicyServer(model_name=name)
-            server.load(Loaded(policy, f"{name}-v1"))
-            url = await server.start("127.0.0.1", 0)
-            servers.append(server)
+            if one_server:
+                lane = both.lanes[name].engine
+                assert isinstance(lane, TorchEngine)
+                lane.put(Loaded(policy, f"{name}-v1"))
+            else:
+                server = PolicyServer(model_name=name)
+                server.load(Loaded(policy, f"{name}-v1"))
+                url = await server.start("127.0.0.1", 0)
+                servers.append(server)
             resources[f"{name}_llm"] = LLM(endpoint=f"{url}/v1", model=name)
         # The agent is handed `llm`: the speaker's LLM resource under the usual name.
         resources["llm"] = resources.pop("speaker_llm")
@@ -300,7 +310,7 @@ async def test_a_call_naming_a_policy_goes_to_its_server_and_its_span_names_it(
         async with runner_in_process(kafka, "tests.support.openai_agents:speaker_then_listener"):
             h = await wait_terminal(kafka, ids, 90)
     finally:
-        for server in servers:
+        for server in [*servers, both]:
             await server.stop()
     for rollout_id in ids:
         (finished,) = h.finished[rollout_id]
