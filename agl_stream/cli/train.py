@@ -349,23 +349,50 @@ def retrain_command(
 
 @click.command("checkpoints")
 @click.option("--checkpoint-dir", required=True, metavar="PATH|file://URI|s3://BUCKET/PREFIX")
+@click.option(
+    "--policy",
+    metavar="NAME",
+    help="The policy whose checkpoints to read: in --checkpoint-dir/NAME where one trainer "
+    "process trained several, else in --checkpoint-dir (checked to be NAME's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print trainer.json of every step.")
 @friendly_errors
-def checkpoints_command(checkpoint_dir: str, as_json: bool) -> None:
+def checkpoints_command(checkpoint_dir: str, policy: str | None, as_json: bool) -> None:
     """A trainer's checkpoints: step, version, reward, samples and the offsets each consumed;
     says whether every consumed offset range was trained on exactly once."""
     import json
 
+    from agl_stream.agent.llm import DEFAULT_POLICY
     from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 
     store = CheckpointStore(checkpoint_dir)
+    if policy is not None:
+        check_policies([policy])
+        own = CheckpointStore(f"{checkpoint_dir.rstrip('/')}/{policy}")
+        store = own if own.steps() else store
     states = store.lineage()
     if not states:
-        raise click.UsageError(f"no checkpoints in {store.root}")
+        held = [] if store.remote else sorted(
+            d.name for d in store.root.glob("*") if d.is_dir() and CheckpointStore(str(d)).steps()
+        )  # fmt: skip
+        if policy is None and held:
+            raise click.UsageError(
+                f"no checkpoints in {store.root}; it holds the checkpoints of several "
+                f"policies ({', '.join(held)}): name one with --policy"
+            )
+        raise click.UsageError(f"no checkpoints in {store.root}" + (
+            f" or in {store.root}/{policy}" if policy else ""))  # fmt: skip
+    others = {state.get("policy", DEFAULT_POLICY) for state in states} - {policy}
+    if policy is not None and others:
+        raise click.UsageError(
+            f"{store.root} holds the checkpoints of policy {', '.join(sorted(others))}, "
+            f"not {policy!r}"
+        )
     if as_json:
         click.echo(json.dumps(states, indent=1))
         return
-    table = Table(title=f"checkpoints in {store.root}", title_justify="left")
+    of = f" (policy {policy})" if policy else ""
+    table = Table(title=f"checkpoints in {store.root}{of}", title_justify="left")
     for column in ("step", "version", "resources id", "mean reward", "samples", "records consumed"):
         table.add_column(column, justify="left" if column == "resources id" else "right")
     for state in states:

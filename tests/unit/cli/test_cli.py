@@ -150,6 +150,31 @@ def test_checkpoints_of_an_empty_directory(tmp_path: object) -> None:
     assert result.exit_code == 2 and "no checkpoints in" in result.output
 
 
+def test_checkpoints_of_one_policy_of_several(tmp_path: Path) -> None:
+    """One trainer process of two policies keeps DIR/<policy>: `checkpoints` asks which,
+    `--policy` reads it, and a directory of another policy's is refused."""
+    from agl_stream.training.checkpoints import CheckpointStore
+
+    for policy in ("speaker", "listener"):
+        state = {"step": 1, "version": 1, "resources_id": f"g-{policy}-v1", "policy": policy,
+                 "consumed": {"spans:0": [0, 8]}, "cut": {"spans:0": 8},
+                 "attempts": [f"{policy}-a"]}  # fmt: skip
+        CheckpointStore(str(tmp_path / policy)).write(1, lambda d: None, state)
+    result = CliRunner().invoke(cli, ["checkpoints", "--checkpoint-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "several policies (listener, speaker): name one with --policy" in result.output
+    args = ["checkpoints", "--checkpoint-dir", str(tmp_path), "--policy", "speaker"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "(policy speaker)" in text and "g-speaker-v1" in text and "g-listener" not in text
+    assert "lineage: every consumed offset range once" in text
+    args = ["checkpoints", "--checkpoint-dir", str(tmp_path / "listener"), "--policy", "speaker"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert "holds the checkpoints of policy listener, not 'speaker'" in result.output
+
+
 def test_gateway_needs_an_http_upstream() -> None:
     result = CliRunner().invoke(cli, ["gateway", "--upstream", "localhost:8000"])
     assert result.exit_code == 2
