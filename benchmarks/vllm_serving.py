@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,14 +103,28 @@ async def load(
 ) -> Leg:
     """Tokens/s of `clients` clients sending `requests` completions each (with `tokenizer`:
     the prompt as the token ids the policy server would send, not as text)."""
+    return await load_many([(url, model)], clients, requests, tokens, tag, extra, tokenizer)
+
+
+async def load_many(
+    targets: Sequence[tuple[str, str]],
+    clients: int,
+    requests: int,
+    tokens: int,
+    tag: str,
+    extra: Mapping[str, Any] | None = None,
+    tokenizer: Any = None,
+) -> Leg:
+    """`load`, client i calling target i mod len(targets) (a server's URL, a model name)."""
     generated = prompted = 0
 
     async def client(session: aiohttp.ClientSession, index: int) -> None:
         nonlocal generated, prompted
+        url, model = targets[index % len(targets)]
         for n in range(requests):
             body = {
                 "model": model, "prompt": f"{tag} client {index} request {n}:",
-                "max_tokens": tokens, "temperature": 0, **extra,
+                "max_tokens": tokens, "temperature": 0, **(extra or {}),
             }  # fmt: skip
             if tokenizer is not None:
                 body["prompt"] = tokenizer(body["prompt"], add_special_tokens=False)["input_ids"]
