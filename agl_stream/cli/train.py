@@ -72,8 +72,8 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="When it did not come: drop the attempt, or use its final reward "
                           "(counted in the step's lineage either way)."),
         click.option("--max-staleness", type=click.IntRange(0), default=None,
-                     help="Most resource versions a sample's policy may be behind. "
-                          "[default: no bound]"),
+                     help="Most updates of the trained policy a sample's checkpoint may be "
+                          "behind (versions others publish do not count). [default: no bound]"),
         click.option("--stale-policy", type=click.Choice(["drop", "downweight"]), default="drop",
                      show_default=True, help="What happens to samples past --max-staleness."),
         click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=3e-3,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from agl_stream.events import Checkpoint, Resource
 from agl_stream.training.advantages import group_advantages
 from agl_stream.training.trajectories import AttemptKey, Trajectory
 from agl_stream.training.triplets import (
@@ -26,8 +27,9 @@ class StalePolicy(StrEnum):
 
 @dataclass(frozen=True)
 class Staleness:
-    """Samples from a policy more than `max_versions` resource versions behind the one being
-    trained are dropped, or weighted by decay ** (versions beyond the bound)."""
+    """Samples from a checkpoint more than `max_versions` updates of its policy behind the one
+    being trained are dropped, or weighted by decay ** (updates beyond the bound). Versions
+    are numbers of the policy's own steps (`policy_step`), not of the resources topic."""
 
     max_versions: int | None = None
     policy: StalePolicy = StalePolicy.DROP
@@ -52,6 +54,17 @@ class Staleness:
         if self.policy is StalePolicy.DROP:
             return None
         return float(self.decay ** (behind - self.max_versions))
+
+
+def policy_step(
+    resources: Mapping[str, Resource], policy: str, step_of: Callable[[str], int | None]
+) -> int | None:
+    """The step of `policy` that a version holds: the step whose checkpoint of that policy
+    it names, if the policy's trainer wrote it (`step_of`, its store's). What else the version
+    holds and who published it (another policy's trainer, a joint version, a person) do not
+    count: staleness is measured in updates of the policy being trained."""
+    held = resources.get(policy)
+    return step_of(held.uri) if isinstance(held, Checkpoint) else None
 
 
 @dataclass(frozen=True)

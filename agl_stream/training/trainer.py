@@ -48,7 +48,7 @@ from agl_stream.events import (
 from agl_stream.runtime.config import ConfigError, KafkaSettings
 from agl_stream.runtime.supervision import Supervisor, restarting
 from agl_stream.telemetry.metrics import WorkerMetrics
-from agl_stream.training.batching import Groups, Staleness, StepInput, build_step
+from agl_stream.training.batching import Groups, Staleness, StepInput, build_step, policy_step
 from agl_stream.training.checkpoints import OPTIMIZER_FILE, CheckpointStore, checkpoint_root
 from agl_stream.training.device import CPU, Placement
 from agl_stream.training.grpo import GRPO, GRPOConfig, UpdateStats
@@ -607,8 +607,7 @@ class Trainer:
             if rid in self._noted:
                 continue
             self._noted.add(rid)
-            policy = event.resources.get(self.config.policy)
-            step = self.store.step_of(policy.uri) if isinstance(policy, Checkpoint) else None
+            step = policy_step(event.resources, self.config.policy, self.store.step_of)
             if step is not None:
                 self.versions[rid] = step
 

@@ -4,7 +4,8 @@ killed one goes on from its latest checkpoint (records after its cut read again,
 it trained on skipped); the other never notices: each lineage shows every consumed offset
 range once and every attempt trained on exactly once, each version names only its own
 policy's checkpoint in its own directory, and the ids and consumer groups of the two never
-mix."""
+mix. Each judges staleness in its own policy's updates: versions published in between, by the
+other trainer or anyone else, do not make its samples stale."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ pytestmark = pytest.mark.slow
 GROUPS, GROUP_SIZE, GROUPS_PER_STEP = 24, 4, 4  # 96 attempts, 6 steps a policy
 POLICIES = ("speaker", "listener")
 AGENT = "tests.support.agents:two_policies_echo"
+# Every attempt runs on both policies' step 0: the samples of step n are n - 1 updates of
+# the policy behind, past each bound from some step on (down-weighted, so that steps go on).
+MAX_STALENESS = {"speaker": 2, "listener": 4}
 
 
 def trained(store: CheckpointStore) -> list[tuple[str, str]]:
@@ -49,6 +53,7 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         return await trainer_process(
             kafka, stores[policy].root, logs[policy], "two", GROUP_SIZE, GROUPS_PER_STEP,
             "--policy", policy, "--seed", str(seed),
+            "--max-staleness", str(MAX_STALENESS[policy]), "--stale-policy", "downweight",
         )  # fmt: skip
 
     trainers = {p: await start(p, seed) for seed, p in enumerate(POLICIES, start=1)}
@@ -70,6 +75,12 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         # The attempts run on one version holding both policies' first checkpoints.
         joint = Change(resources=await firsts(), id_prefix="two-joint", carry=False)
         version = await publish_resources(kafka, joint, published_by="test")
+        # Newer versions that hold no newer checkpoint (someone publishing each policy's
+        # first one again): the topic's version numbers run ahead, the policies' do not.
+        for _ in range(3):
+            for policy, first in (await firsts()).items():
+                again = Change(resources={policy: first}, id_prefix="two-copy", carry=False)
+                await publish_resources(kafka, again, published_by="test")
         async with runner_in_process(kafka, AGENT, concurrency=8):
             for g in range(GROUPS):
                 await queue(
@@ -122,6 +133,13 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         # Its own calls only: one a trajectory (the agent makes one call of each policy).
         assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in states[1:])
         assert len(states) == 1 + GROUPS // GROUPS_PER_STEP  # step 0, then one per step
+        # Stale in its own updates only: step n trains on samples n - 1 updates behind.
+        stale = [s["counts"].get("downweighted_stale", 0) for s in states[1:]]
+        assert stale == [
+            GROUPS_PER_STEP * GROUP_SIZE if n - 1 > MAX_STALENESS[policy] else 0
+            for n in range(1, len(states))
+        ], policy
+        assert all(s["counts"].get("dropped_stale", 0) == 0 for s in states), policy
         own = [v for v in versions if v.metadata.get("policy") == policy]
         assert [int(v.metadata["step"]) for v in own] == list(range(len(states)))
         assert all(v.resources_id.startswith(f"two-{policy}-v") for v in own)

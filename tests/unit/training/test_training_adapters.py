@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agl_stream.events import AttemptStatus, SpanStatus, StatusCode
+from agl_stream.commands.resources import Change, ResourceCache, next_version
+from agl_stream.events import AttemptStatus, Checkpoint, SpanStatus, StatusCode
 from agl_stream.training.advantages import group_advantages
-from agl_stream.training.batching import Groups, Staleness, StalePolicy, build_step
-from agl_stream.training.checkpoints import lineage_problems
+from agl_stream.training.batching import Groups, Staleness, StalePolicy, build_step, policy_step
+from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from agl_stream.training.trajectories import Trajectory
 from agl_stream.training.triplets import (
     RewardRule,
@@ -22,6 +24,8 @@ from agl_stream.training.triplets import (
     policy_reward,
 )
 from tests.support.training_traffic import llm_span, reward_span, span
+
+HASH = "sha256:" + "0" * 64
 
 
 def trajectory(
@@ -268,3 +272,68 @@ def test_a_reward_naming_a_policy_is_that_policys_alone() -> None:
     }
     assert per_call == {"speaker": [0.25 + 0.75 + 1.0], "listener": [1.0]}
     assert policy_reward(t, "judge") == 1.0  # no reward of its own: the rollout's
+
+
+def test_staleness_is_counted_in_the_trained_policys_own_updates(tmp_path: Path) -> None:
+    """Two trainers and a driver publish side by side (each version on top of the latest, as
+    the topic would have them): a speaker sample is as stale as the speaker updates since its
+    checkpoint, however many versions the listener's trainer or anyone else published."""
+    stores = {p: CheckpointStore(str(tmp_path / p)) for p in ("speaker", "listener")}
+    cache = ResourceCache()
+
+    def publish(prefix: str, **steps: int) -> str:
+        held = {p: Checkpoint(uri=stores[p].uri(s), content_hash=HASH) for p, s in steps.items()}
+        event = next_version(cache, Change(resources=held, id_prefix=prefix), "test")
+        cache.apply(event)
+        return event.resources_id
+
+    publish("speaker", speaker=0)
+    publish("listener", listener=0)  # carries the speaker's step 0
+    joint = publish("joint", speaker=0, listener=0)
+    for step in range(1, 6):
+        publish("listener", listener=step)  # five listener updates, the speaker's carried
+    on_listener_5 = publish("speaker", speaker=1)  # the listener's step 5 carried
+    publish("speaker", speaker=2)
+    elsewhere = Checkpoint(uri=(tmp_path / "copy").as_uri(), content_hash=HASH)
+    foreign = next_version(cache, Change(resources={"speaker": elsewhere}), "test")
+    cache.apply(foreign)
+
+    def steps_held(policy: str) -> dict[str, int]:
+        found = {
+            rid: policy_step(v.resources, policy, stores[policy].step_of)
+            for rid, v in cache.versions.items()
+        }
+        return {rid: step for rid, step in found.items() if step is not None}
+
+    def sample(rid: str, version: str, reward: float) -> Trajectory:
+        calls = [llm_span(rid, "a", 0, 1, [1], [2], policy="speaker"),
+                 llm_span(rid, "a", 1, 2, [2], [3], policy="listener")]  # fmt: skip
+        return trajectory(calls, reward=reward, rid=rid, resources_id=version)
+
+    groups = [
+        [sample("j1", joint, 1.0), sample("j2", joint, 0.0)],
+        [sample("s1", on_listener_5, 1.0), sample("f1", foreign.resources_id, 0.0)],
+    ]
+    speaker = steps_held("speaker")
+    assert foreign.resources_id not in speaker  # not the speaker trainer's checkpoint
+    # The joint version is 7 versions behind the newest, 2 speaker updates: within a bound of
+    # 2; the sample whose speaker checkpoint is unknown is too stale to trust.
+    bound = Staleness(max_versions=2)
+    step = build_step(groups, speaker, 2, bound, policy="speaker")
+    assert [s.key[0] for s in step.samples] == ["j1", "j2", "s1"]
+    assert step.counts["dropped_stale"] == 1 and "downweighted_stale" not in step.counts
+    # One speaker update later the joint version's samples are past the bound.
+    later = build_step(groups, speaker, 3, bound, policy="speaker")
+    assert [s.key[0] for s in later.samples] == ["s1"] and later.counts["dropped_stale"] == 3
+    soft = Staleness(max_versions=2, policy=StalePolicy.DOWNWEIGHT)
+    weights = {
+        s.key[0]: s.weight for s in build_step(groups, speaker, 3, soft, policy="speaker").samples
+    }
+    assert weights == {"j1": 0.5, "j2": 0.5, "s1": 1.0}
+    # The listener judges the same samples by its own updates: the joint version holds its
+    # step 0, five behind; the speaker's versions carry its step 5.
+    listener = steps_held("listener")
+    assert listener[joint] == 0 and listener[on_listener_5] == listener[foreign.resources_id] == 5
+    theirs = build_step(groups, listener, 5, bound, policy="listener")
+    assert [s.key[0] for s in theirs.samples] == ["f1", "s1"]
+    assert theirs.counts["dropped_stale"] == 2
