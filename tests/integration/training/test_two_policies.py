@@ -5,11 +5,15 @@ it trained on skipped); the other never notices: each lineage shows every consum
 range once and every attempt trained on exactly once, each version names only its own
 policy's checkpoint in its own directory, and the ids and consumer groups of the two never
 mix. Each judges staleness in its own policy's updates: versions published in between, by the
-other trainer or anyone else, do not make its samples stale."""
+other trainer or anyone else, do not make its samples stale. A projector projects the run as
+it goes: a replay of the topics into a new read model gives the same answers, each policy's
+lineage among them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import signal
 from asyncio.subprocess import Process
@@ -20,12 +24,13 @@ import pytest
 from agl_stream.bus.kafka import admin_client
 from agl_stream.commands.resources import Change, publish_resources
 from agl_stream.events import AttemptStatus, Checkpoint, Resource
-from agl_stream.runtime.config import KafkaSettings
+from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from agl_stream.training.retrain import resolve_range
 from agl_stream.training.trainer import Trainer, TrainerConfig, trainer_group
 from tests.integration.training.test_trainer import published
-from tests.support.helpers import eventually
+from tests.support.helpers import eventually, invoke_cli
+from tests.support.projection import caught_up, ends, projector_in_process, replay_differences
 from tests.support.runs import history, queue, runner_in_process, trainer_process
 
 pytestmark = pytest.mark.slow
@@ -43,7 +48,7 @@ def trained(store: CheckpointStore) -> list[tuple[str, str]]:
 
 
 async def test_one_policys_trainer_killed_leaves_the_other_training(
-    kafka: KafkaSettings, tmp_path: Path
+    kafka: KafkaSettings, database: DatabaseSettings, tmp_path: Path
 ) -> None:
     rng = random.Random(11)
     stores = {p: CheckpointStore(str(tmp_path / p)) for p in POLICIES}
@@ -59,6 +64,8 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
     trainers = {p: await start(p, seed) for seed, p in enumerate(POLICIES, start=1)}
     listener = trainers["listener"]
     kills = 0
+    live = contextlib.AsyncExitStack()  # the read model, projected while the run goes on
+    await live.enter_async_context(projector_in_process(kafka, database))
     try:
 
         async def firsts() -> dict[str, Resource]:
@@ -108,11 +115,14 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         versions = await published(kafka)
         async with admin_client(kafka) as admin:
             groups = {g[0] for g in await admin.list_consumer_groups()}
+        run = await ends(kafka)
+        await eventually(lambda: caught_up(database, run), 60, "the run in the read model")
     finally:
         for trainer in trainers.values():
             if trainer.returncode is None:
                 trainer.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(trainer.wait(), 60)
+        await live.aclose()
 
     assert kills == 2 and listener.returncode == 0  # stopped by the test, never killed
     succeeded = {
@@ -149,6 +159,8 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
             assert isinstance(mine, Checkpoint) and store.step_of(mine.uri) is not None
         assert trainer_group(kafka.topic_prefix, policy) in groups
 
+    await _check_replay(kafka, database, 1 + GROUPS // GROUPS_PER_STEP)
+
     # One policy retrained offline from the topics: its own calls of every attempt again.
     start, until = await resolve_range(kafka, {}, {})
     offline = TrainerConfig(
@@ -163,3 +175,25 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         and set(trained(CheckpointStore(offline.checkpoint_dir))) == succeeded
     )
     assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in again[1:])
+
+
+async def _check_replay(kafka: KafkaSettings, database: DatabaseSettings, lineage: int) -> None:
+    """The topics replayed into a new read model give the live one's answers: every rollout
+    with its attempts and spans, every version, and each policy's lineage as `agl-stream
+    query resources --policy NAME` shows it."""
+    differ, rebuilt = await replay_differences(kafka, database, name="rebuilt")
+    rollouts = set(rebuilt) - {"resources", "workers"}
+    assert differ == [] and len(rollouts) == GROUPS * GROUP_SIZE, differ[:5]
+    url = ("--database-url", database.database_url.get_secret_value())
+    for policy in POLICIES:
+        shown = []
+        for model in ((), ("--read-model", "rebuilt")):
+            args = ("query", "resources", "--policy", policy, "--json")
+            result = await invoke_cli(*url, *args, *model)
+            assert result.exit_code == 0, result.output
+            shown.append(json.loads(result.output))
+        live, again = shown
+        assert len(live) == lineage and again == live, policy
+        assert [v["parent_resources_id"] for v in live[:-1]] == [
+            v["resources_id"] for v in live[1:]
+        ]  # newest first: each names the one before
