@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -42,6 +43,21 @@ class LitAgent:
     # True: the agent runs outside the runner's process, so its attempt's gateway URLs
     # require the attempt's key (given on `Rollout.key`).
     keyed_gateway: ClassVar[bool] = False
+    trained_agents: str | None = None
+
+    def __init__(self, *, trained_agents: str | None = None) -> None:
+        # Agent Lightning's LitAgent took the agents to train (deprecated there in 0.3 for its
+        # adapter's agent_match). Runners do not train: kept, with a warning saying where the
+        # choice is made here, so that a moved agent still runs.
+        self.trained_agents = trained_agents
+        if trained_agents is not None:
+            warnings.warn(
+                f"LitAgent(trained_agents={trained_agents!r}) does nothing in a runner: the "
+                f"trainer picks the agents whose calls it trains, `agl-stream worker trainer "
+                f"--agent-match {trained_agents!r}`",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def rollout(self, task: Any, resources: NamedResources, rollout: Rollout) -> AgentResult:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout or rollout_async")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -50,6 +51,10 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "Repeated: one process trains each (checkpoints in "
                           "--checkpoint-dir/NAME, seeds --seed, --seed+1, ...). "
                           "[default: policy]"),
+        click.option("--agent-match", metavar="REGEX",
+                     help="Train only the calls made inside the spans of agents whose names "
+                          "this regular expression matches (Agent Lightning's agent_match, "
+                          "LitAgent(trained_agents=)). [default: every call of the policy]"),
         click.option("--group-size", type=click.IntRange(1), default=8, show_default=True,
                      help="Attempts of one task that make a GRPO group."),
         click.option("--groups-per-step", type=click.IntRange(1), default=8, show_default=True,
@@ -159,6 +164,12 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
     if not checkpoint_dir:
         raise click.UsageError("a trainer needs --checkpoint-dir, where its checkpoints live")
     policies = check_policies(options.get("policies") or ("policy",))
+    agent_match = options.get("agent_match")
+    if agent_match is not None:
+        try:
+            re.compile(agent_match)
+        except re.error as exc:
+            raise click.UsageError(f"--agent-match {agent_match!r}: {exc}") from None
     try:
         checkpoint_root(checkpoint_dir)
         staleness = Staleness(options["max_staleness"], StalePolicy(options["stale_policy"]))
@@ -193,7 +204,7 @@ def trainer_config(checkpoint_dir: str | None, **options: Any) -> Any:
         )
     return TrainerConfig(
         checkpoint_dir=checkpoint_dir, init_model=options["init_model"],
-        run_name=options["run_name"] or "grpo", policy=policies[0],
+        run_name=options["run_name"] or "grpo", policy=policies[0], agent_match=agent_match,
         group_size=options["group_size"],
         groups_per_step=options["groups_per_step"], reward_rule=RewardRule(options["reward_rule"]),
         staleness=staleness, grpo=grpo, max_steps=options["max_steps"],

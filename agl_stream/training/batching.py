@@ -175,8 +175,10 @@ def build_step(
     rule: RewardRule = RewardRule.FINAL,
     scale_rewards: bool = True,
     policy: str | None = None,
+    agent_match: str | None = None,
 ) -> StepInput:
-    """Triplets of every trajectory (the calls of `policy` only, when it is given), weighted
+    """Triplets of every trajectory (the calls of `policy` only, when it is given; of the
+    agents `agent_match` matches only, when it is given), weighted
     by staleness, with advantages computed over the triplets of each group. The samples come
     in an order that does not depend on when the attempts ended (groups by name, their
     members by input and attempt number): with seeded sampling, a run trains the same."""
@@ -195,7 +197,7 @@ def build_step(
             pending.append((trajectory.group, trajectory, weight))
     rows: list[tuple[str, float, Triplet]] = []
     for group, trajectory, weight in pending:
-        adapted = build_triplets(trajectory, rule, policy=policy)
+        adapted = build_triplets(trajectory, rule, policy=policy, agent_match=agent_match)
         step.problems.extend(adapted.problems)
         step.counts["calls_without_token_ids"] += sum(
             "token ids" in p.reason for p in adapted.problems

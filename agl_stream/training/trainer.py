@@ -92,6 +92,9 @@ class TrainerConfig:
     # ids (<run_name>-<policy>-v<n>; the default policy's are <run_name>-v<n>) and of its
     # consumer group. Several policies: one trainer each, each with a checkpoint_dir of its own.
     policy: str = DEFAULT_POLICY
+    # Only the calls made inside the spans of agents whose names this regular expression
+    # matches (Agent Lightning's agent_match, agent_match.py); None: every call of the policy.
+    agent_match: str | None = None
     group_size: int = 8
     groups_per_step: int = 8
     reward_rule: RewardRule = RewardRule.FINAL
@@ -369,6 +372,7 @@ class Trainer:
                 self.config.reward_rule,
                 self.config.grpo.scale_rewards,
                 self.config.policy,
+                self.config.agent_match,
             )
         evicted, self._evicted = self._evicted, []
         step_input.used += [t.key for t in evicted]

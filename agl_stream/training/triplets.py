@@ -21,6 +21,9 @@ With several policies, each trainer takes the calls of its own policy (the span'
 calls. The attempt's reward is shared by all its policies, unless a reward span names the
 policy (`agl.reward.policy`, `emit_reward(..., policy=)`): its last such reward is that
 policy's final reward, and under `per_call` reward spans naming another policy are left out.
+
+With an agent match (Agent Lightning's `agent_match`), a trainer takes only the calls made
+inside the spans of the agents it matches (agent_match.py).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from agl_stream.agent.llm import (
 )
 from agl_stream.events import SpanRecorded, StatusCode
 from agl_stream.events.reward_rules import reward_policy, span_reward
+from agl_stream.training.agent_match import made_by_matching_agents
 from agl_stream.training.trajectories import Trajectory
 
 
@@ -92,10 +96,13 @@ def call_policy(span: SpanRecorded) -> str:
     return str(span.attributes.get(POLICY) or DEFAULT_POLICY)
 
 
-def llm_calls(trajectory: Trajectory, policy: str | None = None) -> list[SpanRecorded]:
-    """The LLM-call spans that got an answer (of `policy` only, when it is given), in the
-    order the calls ended (then by sequence). A failed call (the upstream died, timed out,
-    refused) produced no tokens."""
+def llm_calls(
+    trajectory: Trajectory, policy: str | None = None, agent_match: str | None = None
+) -> list[SpanRecorded]:
+    """The LLM-call spans that got an answer (of `policy` only, when it is given; made by an
+    agent that `agent_match` matches only, when it is given: agent_match.py), in the order
+    the calls ended (then by sequence). A failed call (the upstream died, timed out, refused)
+    produced no tokens."""
     calls = [
         s
         for s in trajectory.spans
@@ -103,6 +110,8 @@ def llm_calls(trajectory: Trajectory, policy: str | None = None) -> list[SpanRec
         and s.status.code is not StatusCode.ERROR
         and (policy is None or call_policy(s) == policy)
     ]
+    if agent_match is not None:
+        calls = made_by_matching_agents(calls, trajectory.spans, agent_match)
     return sorted(calls, key=lambda s: (s.end_time_unix_nano, s.sequence))
 
 
@@ -172,14 +181,17 @@ def build_triplets(
     rule: RewardRule = RewardRule.FINAL,
     gamma: float = 0.9,
     policy: str | None = None,
+    agent_match: str | None = None,
 ) -> Adapted:
-    """The triplets of a trajectory's calls (of `policy` only, when it is given)."""
+    """The triplets of a trajectory's calls (of `policy` only, when it is given; made by the
+    agents `agent_match` matches only, when it is given)."""
     adapted = Adapted()
     rid, aid = trajectory.rollout_id, trajectory.attempt_id
-    calls = llm_calls(trajectory, policy)
+    calls = llm_calls(trajectory, policy, agent_match)
     if not calls:
         of = "" if policy is None else f" of policy {policy!r}"
-        adapted.problems.append(Problem(rid, aid, None, f"no LLM call spans{of}"))
+        by = "" if agent_match is None else f" made by an agent matching {agent_match!r}"
+        adapted.problems.append(Problem(rid, aid, None, f"no LLM call spans{of}{by}"))
         return adapted
     if policy_reward(trajectory, policy) is None and rule is not RewardRule.PER_CALL:
         adapted.problems.append(Problem(rid, aid, None, "no reward (no reward span)"))

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+from opentelemetry import trace
+
 from agl_stream.agent import LitAgent, NamedResources, Rollout, emit_message, emit_reward, rollout
 from agl_stream.demo.task import ANSWER_WORDS, score
 from agl_stream.events import Checkpoint
@@ -89,13 +91,23 @@ def two_policies_echo(
     task: dict[str, Any], speaker: Checkpoint, listener: Checkpoint, rollout: Rollout
 ) -> float:
     """Two policies in one attempt: the speaker echoes the letter, the listener echoes what
-    the speaker said; the reward (shared) scores the listener's answer."""
+    the speaker said; the reward (shared) scores the listener's answer. Each call is made
+    inside its agent's span (`agent.name`, as the OpenAI Agents SDK records it), and a third
+    agent, a judge, calls the listener's policy too (an agent whose calls are not trained:
+    `worker trainer --agent-match`)."""
     set_threads(1)
     rid = rollout.resources_id
-    said = local_llm(speaker).complete(
-        f"<bos> {task['letter']}", max_new_tokens=1, resources_id=rid, policy="speaker"
-    )
-    heard = local_llm(listener).complete(
-        f"<bos> {said.text}", max_new_tokens=ANSWER_WORDS, resources_id=rid, policy="listener"
-    )
+    agents = trace.get_tracer(__name__)
+    with agents.start_as_current_span("agent", attributes={"agent.name": "speaker"}):
+        said = local_llm(speaker).complete(
+            f"<bos> {task['letter']}", max_new_tokens=1, resources_id=rid, policy="speaker"
+        )
+    with agents.start_as_current_span("agent", attributes={"agent.name": "listener"}):
+        heard = local_llm(listener).complete(
+            f"<bos> {said.text}", max_new_tokens=ANSWER_WORDS, resources_id=rid, policy="listener"
+        )
+    with agents.start_as_current_span("agent", attributes={"agent.name": "judge"}):
+        local_llm(listener).complete(
+            f"<bos> {heard.text}", max_new_tokens=1, resources_id=rid, policy="listener"
+        )
     return score(task["letter"], heard.text)

@@ -5,9 +5,11 @@ it trained on skipped); the other never notices: each lineage shows every consum
 range once and every attempt trained on exactly once, each version names only its own
 policy's checkpoint in its own directory, and the ids and consumer groups of the two never
 mix. Each judges staleness in its own policy's updates: versions published in between, by the
-other trainer or anyone else, do not make its samples stale. A projector projects the run as
-it goes: a replay of the topics into a new read model gives the same answers, each policy's
-lineage among them."""
+other trainer or anyone else, do not make its samples stale. The listener's policy is also
+called by a third agent, a judge, whose calls its trainer leaves out (`--agent-match`, Agent
+Lightning's agent_match), as does an offline retrain with the same match. A projector projects
+the run as it goes: a replay of the topics into a new read model gives the same answers, each
+policy's lineage among them."""
 
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from agl_stream.agent.llm import LLM_CALL_SPAN, POLICY
 from agl_stream.bus.kafka import admin_client
 from agl_stream.commands.resources import Change, publish_resources
 from agl_stream.events import AttemptStatus, Checkpoint, Resource
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings
+from agl_stream.training.agent_match import calling_agent
 from agl_stream.training.checkpoints import CheckpointStore, lineage_problems
 from agl_stream.training.retrain import resolve_range
 from agl_stream.training.trainer import Trainer, TrainerConfig, trainer_group
@@ -41,6 +45,9 @@ AGENT = "tests.support.agents:two_policies_echo"
 # Every attempt runs on both policies' step 0: the samples of step n are n - 1 updates of
 # the policy behind, past each bound from some step on (down-weighted, so that steps go on).
 MAX_STALENESS = {"speaker": 2, "listener": 4}
+# The agents whose calls each trainer trains (the agent also calls the listener's policy
+# from a judge agent).
+AGENT_MATCH = {"speaker": "speaker", "listener": "^listener$"}
 
 
 def trained(store: CheckpointStore) -> list[tuple[str, str]]:
@@ -59,6 +66,7 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
             kafka, stores[policy].root, logs[policy], "two", GROUP_SIZE, GROUPS_PER_STEP,
             "--policy", policy, "--seed", str(seed),
             "--max-staleness", str(MAX_STALENESS[policy]), "--stale-policy", "downweight",
+            "--agent-match", AGENT_MATCH[policy],
         )  # fmt: skip
 
     trainers = {p: await start(p, seed) for seed, p in enumerate(POLICIES, start=1)}
@@ -140,7 +148,7 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
         assert {s["policy"] for s in states} == {policy}
         # The ranges start where the run started (the topics' beginning).
         assert all(start == 0 for start, _ in states[1]["consumed"].values())
-        # Its own calls only: one a trajectory (the agent makes one call of each policy).
+        # Its own agent's calls only: one a trajectory (not the judge's of the listener).
         assert all(s["counts"]["samples"] == GROUPS_PER_STEP * GROUP_SIZE for s in states[1:])
         assert len(states) == 1 + GROUPS // GROUPS_PER_STEP  # step 0, then one per step
         # Stale in its own updates only: step n trains on samples n - 1 updates behind.
@@ -161,10 +169,19 @@ async def test_one_policys_trainer_killed_leaves_the_other_training(
 
     await _check_replay(kafka, database, 1 + GROUPS // GROUPS_PER_STEP)
 
-    # One policy retrained offline from the topics: its own calls of every attempt again.
+    # Each attempt called the listener's policy twice, from the listener agent and from the
+    # judge; its trainer trained one call a trajectory (above): the listener agent's.
+    for _, attempt_id in succeeded:
+        spans = {s.span_id: s for s in h.spans[attempt_id]}
+        calls = [s for s in spans.values() if s.name == LLM_CALL_SPAN]
+        listeners = [s for s in calls if s.attributes.get(POLICY) == "listener"]
+        assert sorted(str(calling_agent(s, spans)) for s in listeners) == ["judge", "listener"]
+
+    # One policy retrained offline from the topics: its own agent's calls of every attempt.
     start, until = await resolve_range(kafka, {}, {})
     offline = TrainerConfig(
         checkpoint_dir=str(tmp_path / "offline"), run_name="offline", policy="listener",
+        agent_match=AGENT_MATCH["listener"],
         group_size=GROUP_SIZE, groups_per_step=GROUPS_PER_STEP, publish=False, start=start,
         until=until,
     )  # fmt: skip

@@ -103,3 +103,20 @@ def test_a_reward_for_one_policy_is_not_the_attempts() -> None:
     spans = recorder.take(0)
     assert [s.attributes.get("agl.reward.policy") for s in spans] == [None, "speaker"]
     assert spans[1].attributes["agl.reward"] == 0.25
+
+
+def test_trained_agents_is_kept_and_says_the_trainer_chooses() -> None:
+    """Agent Lightning's LitAgent(trained_agents=...): a moved agent still runs; the warning
+    names the trainer's option that does it here."""
+
+    class Writer(LitAgent):
+        def __init__(self) -> None:
+            super().__init__(trained_agents="write|rewrite")
+
+        def rollout(self, task: object, resources: object, rollout: object) -> float:
+            return 1.0
+
+    with pytest.warns(UserWarning, match=r"--agent-match 'write\|rewrite'"):
+        agent = Writer()
+    assert agent.trained_agents == "write|rewrite"
+    assert LitAgent().trained_agents is None

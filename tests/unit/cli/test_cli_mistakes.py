@@ -189,11 +189,17 @@ def test_a_policy_named_twice_is_refused(tmp_path: Path) -> None:
     assert "--policy names a policy twice: a, a" in text
 
 
+def test_an_agent_match_that_is_no_regular_expression_is_refused(tmp_path: Path) -> None:
+    args = ["worker", "trainer", "--checkpoint-dir", str(tmp_path), "--agent-match", "write("]
+    text = said(CliRunner().invoke(cli, args, env=NOBODY), 2)
+    assert "--agent-match 'write(': missing ), unterminated subpattern" in text
+
+
 def test_one_trainer_process_gives_each_policy_its_directory_seed_and_id(tmp_path: Path) -> None:
     from agl_stream.cli.train import each_policy, trainer_config
     from agl_stream.cli.worker import trainer
 
-    args = ["--checkpoint-dir", f"{tmp_path}/", "--seed", "5"]
+    args = ["--checkpoint-dir", f"{tmp_path}/", "--seed", "5", "--agent-match", "^write"]
     options = trainer.make_context(
         "trainer", [*args, "--policy", "speaker", "--policy", "listener"]
     ).params
@@ -203,6 +209,7 @@ def test_one_trainer_process_gives_each_policy_its_directory_seed_and_id(tmp_pat
         ("speaker", f"{tmp_path}/speaker", 5), ("listener", f"{tmp_path}/listener", 6),
     ]  # fmt: skip
     assert len({c.worker_id for c in found}) == 2
+    assert {c.agent_match for c in found} == {"^write"}  # one match for every policy
     assert each_policy(base, ("speaker",)) == [base]
 
 
