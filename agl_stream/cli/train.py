@@ -339,6 +339,13 @@ def retrain_command(
         raise click.UsageError(
             f"retrain trains a policy offline with GRPO; {options['algorithm']} runs online only"
         )
+    if options["max_staleness"] is not None:
+        # Its samples ran on the online trainer's versions, none of which is a step of the
+        # fresh policy it trains: under a bound every one would be judged too stale.
+        raise click.UsageError(
+            "--max-staleness does not apply to retrain: the recorded attempts ran on another "
+            "trainer's versions, not on the steps of the policy it trains (leave it out)"
+        )
     config = trainer_config(**options)
     if CheckpointStore(config.checkpoint_dir).steps():
         raise click.UsageError(

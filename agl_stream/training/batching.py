@@ -121,6 +121,11 @@ class Groups:
     def ready(self) -> bool:
         return len(self._full()) >= self.groups_per_step
 
+    def next_step(self) -> list[Trajectory]:
+        """The trajectories `take` would take now."""
+        return [t for k in self._full()[: self.groups_per_step]
+                for t in self._groups[k][: self.group_size]]  # fmt: skip
+
     def take(self) -> list[list[Trajectory]]:
         """The oldest full groups of one step (a group's surplus waits for the next)."""
         taken = []

@@ -80,6 +80,8 @@ from agl_stream.training.update import PolicyUpdate, UpdateFactory
 log = logging.getLogger(__name__)
 
 MAX_PROBLEMS_KEPT = 20
+# A step waits this long at most for the versions its samples ran on to be folded.
+VERSION_FOLD_WAIT = 10.0
 
 
 @dataclass
@@ -268,6 +270,7 @@ class Trainer:
             self._evict_stale()
             self._prune_between_steps(len(batch))
             while self.groups.ready() and not self._done():
+                await self._versions_folded()
                 await self._train_step(cons)
                 self._evict_stale()  # a new version makes more samples stale
 
@@ -318,6 +321,27 @@ class Trainer:
             return rule.weight(self.versions.get(t.resources_id or ""), self.step) is None
 
         self._evicted += self.groups.evict(too_stale)
+
+    async def _versions_folded(self) -> None:
+        """Under a staleness bound a step's samples are judged by the versions they ran on.
+        A version a runner saw that this trainer's resources follower has not folded yet is
+        waited for (up to VERSION_FOLD_WAIT seconds), not judged unknown, hence too stale."""
+        if self.config.staleness.max_versions is None:
+            return
+        deadline = time.monotonic() + VERSION_FOLD_WAIT
+        while True:
+            change = self.resources.next_change()  # before looking: no change missed
+            unfolded = {
+                t.resources_id for t in self.groups.next_step()
+                if t.resources_id and t.resources_id not in self.resources.versions
+            }  # fmt: skip
+            remaining = deadline - time.monotonic()
+            if not unfolded or remaining <= 0:
+                break
+            self.counts["version_fold_waits"] += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(change.wait(), remaining)
+        self._note_versions()
 
     def _drop_overflow(self) -> None:
         """Groups that do not fill while others arrive leave past the bound: settled at once

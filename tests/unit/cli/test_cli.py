@@ -143,6 +143,8 @@ def test_retrain_offsets_are_checked() -> None:
         cli, ["retrain", "--checkpoint-dir", "x", "--from-offset", "spans=1"]
     )
     assert result.exit_code == 2 and "write TOPIC:PARTITION=OFFSET" in result.output
+    result = CliRunner().invoke(cli, ["retrain", "--checkpoint-dir", "x", "--max-staleness", "1"])
+    assert result.exit_code == 2 and "--max-staleness does not apply to retrain" in result.output
 
 
 def test_checkpoints_of_an_empty_directory(tmp_path: object) -> None:
