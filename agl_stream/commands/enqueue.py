@@ -89,6 +89,11 @@ def make_rollout(
 
 
 CHUNK = 500  # rollouts per transaction
+# How long the broker lets a keyed enqueue's transaction stay open before aborting it: a
+# writer that died mid-transaction holds read_committed readers of its partitions back until
+# then (a test whose broker halts mid-transaction passes a shorter one).
+TRANSACTION_TIMEOUT_MS = 30_000
+_INT32_MAX = 2**31 - 1  # the protocol's field
 
 
 def batch_key(tasks: list[Any], options: RolloutOptions) -> str:
@@ -122,6 +127,7 @@ async def enqueue_batch(
     on_sent: Callable[[int], None] | None = None,
     ids: Sequence[str] | None = None,
     where: Sequence[str] | None = None,
+    transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
 ) -> Enqueued:
     """Queue one rollout per task input, safe to run again with the same `key`.
 
@@ -135,7 +141,14 @@ async def enqueue_batch(
     (offsets.retention.minutes, 7 days by default): after that, the same key queues the same
     ids again. Without a key: new rollouts with ids of their own, through a plain idempotent
     producer. A task input that cannot be queued is named in the error by its place in
-    `where` (FILE:LINE from read_located_tasks), else by its number."""
+    `where` (FILE:LINE from read_located_tasks), else by its number. A keyed run's
+    transactions are aborted by the broker when open longer than `transaction_timeout_ms`
+    (at most the broker's transaction.max.timeout.ms)."""
+    if not 0 < transaction_timeout_ms <= _INT32_MAX:
+        raise EnqueueError(
+            f"transaction_timeout_ms must be a positive number of milliseconds (at most "
+            f"{_INT32_MAX}), got {transaction_timeout_ms}"
+        )
     options = options or RolloutOptions()
     tasks = list(tasks)
     if key is not None and not key.strip():
@@ -156,7 +169,8 @@ async def enqueue_batch(
             raise EnqueueError(f"{place}: {exc}") from None
     if key is None:
         return Enqueued(await _queue_fresh(kafka, events, on_sent), len(events))
-    return await _queue_keyed(kafka, key, batch_key(tasks, options), events, on_sent)
+    digest = batch_key(tasks, options)
+    return await _queue_keyed(kafka, key, digest, events, on_sent, transaction_timeout_ms)
 
 
 def _own_id(task: Any) -> str | None:
@@ -185,13 +199,15 @@ async def _queue_keyed(
     digest: str,
     events: list[RolloutQueued],
     on_sent: Callable[[int], None] | None,
+    transaction_timeout_ms: int,
 ) -> Enqueued:
     topics = Topics(kafka)
     marker = TopicPartition(topics.name("tasks"), 0)
     group = f"{kafka.topic_prefix}enqueue-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     client = AIOKafkaProducer(
         acks="all", enable_idempotence=True, linger_ms=5, transactional_id=group,
-        transaction_timeout_ms=30_000, **(await reachable(kafka)).client_options(),
+        transaction_timeout_ms=transaction_timeout_ms,
+        **(await reachable(kafka)).client_options(),
     )  # fmt: skip
     await started(client)  # fences a run with the same key still going
     async with stopping(client):
@@ -243,10 +259,14 @@ async def enqueue(
     options: RolloutOptions | None = None,
     on_sent: Callable[[int], None] | None = None,
     key: str | None = None,
+    transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
 ) -> list[str]:
     """Queue one rollout per task input; returns their rollout ids once the broker has them.
     With a `key`, running it again queues only what is not queued yet (enqueue_batch)."""
-    return (await enqueue_batch(kafka, tasks, options, key, on_sent)).ids
+    queued = await enqueue_batch(
+        kafka, tasks, options, key, on_sent, transaction_timeout_ms=transaction_timeout_ms
+    )
+    return queued.ids
 
 
 def read_tasks(

@@ -8,7 +8,7 @@ import re
 import socket
 import struct
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,9 +73,11 @@ def server_properties(
     cluster: Sequence[KafkaNode],
     home: Path,
     security: BrokerSecurity | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> str:
     """The node's server.properties (pure). Internal topics are replicated as widely as the
-    cluster allows, up to 3 with two in sync."""
+    cluster allows, up to 3 with two in sync. `overrides` set further broker properties, or
+    replace these (a test's broker with shorter timers)."""
     size = len(cluster)
     replicas = min(3, size)
     in_sync = min(2, replicas)
@@ -123,6 +125,13 @@ def server_properties(
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": security.truststore,
         }
+    for key, value in (overrides or {}).items():
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", key) or "\n" in str(value) or str(value) == "":
+            raise StackError(
+                f"broker property override {key!r}={value!r}: expected a property name "
+                "(letters, digits, '.', '_', '-') and a one-line, non-empty value"
+            )
+        settings[key] = value
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -135,13 +144,14 @@ def write_config(
     cluster: Sequence[KafkaNode],
     home: Path,
     security: BrokerSecurity | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> Path:
     path = _config_path(node, home)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Owner-only: with security it holds the brokers' SCRAM password.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(server_properties(node, cluster, home, security))
+        out.write(server_properties(node, cluster, home, security, overrides))
     return path
 
 

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -108,10 +108,17 @@ class StackState:
 
 
 class EmbeddedStack:
-    def __init__(self, settings: StackSettings, security: BrokerSecurity | None = None) -> None:
+    def __init__(
+        self,
+        settings: StackSettings,
+        security: BrokerSecurity | None = None,
+        broker_overrides: Mapping[str, object] | None = None,
+    ) -> None:
         self.settings = settings
         self.home = settings.home
         self.security = security  # SASL/SCRAM over TLS (a test's; `up` runs plaintext)
+        # Further server.properties of every node (a test's shorter broker timers).
+        self.broker_overrides = dict(broker_overrides or {})
 
     @property
     def state_path(self) -> Path:
@@ -196,7 +203,7 @@ class EmbeddedStack:
                         f"that holds it), or remove {self.home} to start over without its data"
                     )
         for node in cluster:
-            kafka_node.write_config(node, cluster, self.home, self.security)
+            kafka_node.write_config(node, cluster, self.home, self.security, self.broker_overrides)
         kafka_node.format_storage(cluster, self.home, cluster_id, self.security)
         pids = {n.node_id: n.pid for n in nodes if n.pid}
         for stopped in to_start:

@@ -12,6 +12,16 @@ from agl_stream.embedded.stack import EmbeddedStack, StackState
 from agl_stream.runtime.config import DatabaseSettings, KafkaSettings, StackSettings, load
 from tests.support.postgres_faults import FILLER, fill_disk, mount_tmpfs
 
+# Shorter broker timers than the defaults, which a restart after the halt waits out: the
+# controller (in the halted JVM too) takes the node's old registration for alive until its
+# session times out (9 s), and a transaction the halt left open is aborted at the next
+# check for timed-out ones (every 10 s). Four missed heartbeats still fence a node.
+FAST_RECOVERY = {
+    "broker.heartbeat.interval.ms": 1_000,
+    "broker.session.timeout.ms": 4_000,
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1_000,
+}
+
 
 class SmallDiskStack:
     def __init__(self, home: Path, disk_mb: int) -> None:
@@ -20,7 +30,7 @@ class SmallDiskStack:
         settings = load(
             StackSettings, home=home, broker_port=free_port(), postgres_port=free_port()
         )
-        self.stack = EmbeddedStack(settings)
+        self.stack = EmbeddedStack(settings, broker_overrides=FAST_RECOVERY)
         self._mounted = False
 
     @property

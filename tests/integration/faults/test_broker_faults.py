@@ -33,6 +33,10 @@ from tests.support.projection import assert_equals_replay, caught_up, dump, ends
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 DISK_MB = 48
+# The writer's transactions, shorter than enqueue's 30 s: the one the halt leaves open has
+# timed out by the time the broker is back (still longer than the writer waits for an
+# acknowledgement, so none is aborted under a writer still waiting).
+TRANSACTION_TIMEOUT_MS = 15_000
 
 
 def tasks(first: int, count: int) -> list[dict[str, object]]:
@@ -56,7 +60,10 @@ async def test_broker_disk_full_then_freed(tmp_path: Path) -> None:
         async def queued(first: int, count: int) -> None:
             # Keyed, in a transaction, as `agl-stream enqueue` queues.
             batch = tasks(first, count)
-            ids = await asyncio.wait_for(enqueue(kafka, batch, key=f"batch-{first}"), 60)
+            queueing = enqueue(
+                kafka, batch, key=f"batch-{first}", transaction_timeout_ms=TRANSACTION_TIMEOUT_MS
+            )
+            ids = await asyncio.wait_for(queueing, 60)
             acked.update({rid: first + i for i, rid in enumerate(ids)})
 
         await queued(0, 20)
@@ -90,7 +97,7 @@ async def test_broker_disk_full_then_freed(tmp_path: Path) -> None:
         async def all_there() -> bool:
             # A transaction the halted broker left open holds read_committed readers below it
             # (the last stable offset) until its coordinator aborts it: the transaction
-            # timeout, 30 s, and a cleanup pass (10 s). What is committed above it waits.
+            # timeout and a cleanup pass (every second here). What is committed above waits.
             nonlocal missing
             async with ReadModel.open(database) as model:
                 found = await model.rollouts_by_id(missing)

@@ -14,10 +14,12 @@ from agl_stream.commands.enqueue import (
     MAX_INPUT_BYTES,
     EnqueueError,
     RolloutOptions,
+    enqueue,
     make_rollout,
     read_tasks,
 )
 from agl_stream.events import AttemptStatus
+from agl_stream.runtime.config import KafkaSettings, load
 
 
 def test_formats(tmp_path: Path) -> None:
@@ -82,3 +84,12 @@ def test_cli_rejects_bad_input_before_touching_the_broker(tmp_path: Path) -> Non
     )
     result = runner.invoke(cli, ["worker", "runner", "--agent", "nope:x"])
     assert result.exit_code == 2 and "cannot import agent module 'nope'" in result.output
+
+
+@pytest.mark.parametrize("timeout_ms", [0, -1, 2**31])
+async def test_a_bad_transaction_timeout_is_named_before_touching_the_broker(
+    timeout_ms: int,
+) -> None:
+    kafka = load(KafkaSettings, bootstrap_servers="127.0.0.1:9")  # nothing listens there
+    with pytest.raises(EnqueueError, match=f"transaction_timeout_ms .* got {timeout_ms}"):
+        await enqueue(kafka, [{"q": 1}], key="k", transaction_timeout_ms=timeout_ms)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agl_stream.embedded import kafka_dist
 from agl_stream.embedded.kafka_node import KafkaNode, server_properties
+from agl_stream.embedded.process import StackError
 from agl_stream.runner.lane import Checkpoint, transactional_id
 
 
@@ -53,3 +56,15 @@ def test_each_tasks_partition_has_its_own_transactional_id() -> None:
     ids = {transactional_id("agl-runners", "agl.tasks", p) for p in range(8)}
     assert len(ids) == 8
     assert transactional_id("agl-runners", "agl.tasks", 3) == "agl-runners.agl.tasks-3"
+
+
+def test_overrides_add_and_replace_properties_and_a_bad_one_is_named() -> None:
+    node = KafkaNode(1, 19092, 19093)
+    overrides = {"broker.session.timeout.ms": 4000, "log.retention.check.interval.ms": 5000}
+    props = _props(server_properties(node, [node], Path("/h"), overrides=overrides))
+    assert props["broker.session.timeout.ms"] == "4000"
+    assert props["log.retention.check.interval.ms"] == "5000"
+    assert props["node.id"] == "1"
+    for bad in ({"a b": 1}, {"x.ms": "1\nnode.id=2"}, {"x.ms": ""}):
+        with pytest.raises(StackError, match="broker property override"):
+            server_properties(node, [node], Path("/h"), overrides=bad)
