@@ -3,7 +3,6 @@ keeps its log on a small disk of its own (a tmpfs: root only), which a test can 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,26 +26,21 @@ class SmallDiskStack:
     def __init__(self, home: Path, disk_mb: int) -> None:
         self.home = home
         self.disk_mb = disk_mb
+        # The node's only log directory, a tmpfs beside the stack's home (the stack makes
+        # home/kafka itself on its first start), formatted there by that start.
+        self.disk = home.parent / f"{home.name}-broker-disk"
         settings = load(
             StackSettings, home=home, broker_port=free_port(), postgres_port=free_port()
         )
-        self.stack = EmbeddedStack(settings, broker_overrides=FAST_RECOVERY)
+        overrides = {**FAST_RECOVERY, "log.dirs": self.disk}
+        self.stack = EmbeddedStack(settings, broker_overrides=overrides)
         self._mounted = False
 
-    @property
-    def disk(self) -> Path:
-        return self.home / "kafka" / "node-1"
-
     def up(self) -> StackState:
-        """Start it; the first time, the node's formatted log directory moves onto a tmpfs."""
+        """Start it; the first time, on a tmpfs mounted for the node's log directory."""
         if not self._mounted:
-            self.stack.up()
-            self.stack.down()
-            formatted = self.home / "node-1.formatted"
-            shutil.move(self.disk, formatted)
             mount_tmpfs(self.disk, self.disk_mb)
             self._mounted = True
-            subprocess.run(["cp", "-a", f"{formatted}/.", str(self.disk)], check=True)
         return self.stack.up()
 
     def settings(self, **kafka: object) -> tuple[KafkaSettings, DatabaseSettings]:
