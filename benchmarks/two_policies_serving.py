@@ -126,21 +126,30 @@ async def servers(
                 process.kill()
 
 
-async def all_serving(session: aiohttp.ClientSession, urls: Sequence[str], wanted: str) -> None:
-    """Until every server serves `wanted` for each of its policies."""
+async def all_serving(
+    session: aiohttp.ClientSession,
+    started: Sequence[tuple[subprocess.Popen[bytes], str]],
+    wanted: str,
+    within: float = 900.0,
+) -> None:
+    """Until every server serves `wanted` for each of its policies (a refusal, a server that
+    stopped or `within` seconds passing is an error)."""
 
     def served(state: dict[str, Any]) -> bool:
-        policies = state.get("policies")
-        if policies is None:
-            return state.get("resources_id") == wanted
+        policies = state.get("policies") or {"": state}
         refused = [p["refused"][wanted] for p in policies.values() if wanted in p["refused"]]
         if refused:
             raise RuntimeError(f"{wanted} refused: {refused}")
         return all(p["resources_id"] == wanted for p in policies.values())
 
-    for url in urls:
+    deadline = time.monotonic() + within
+    for process, url in started:
         while True:
-            if served(await health(session, url)):
+            if process.poll() is not None:
+                raise RuntimeError(f"the serve at {url} stopped (exit {process.returncode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{wanted} was not served within {within:.0f} s")
+            if served(await health(session, url) or {"resources_id": None, "refused": {}}):
                 break
             await asyncio.sleep(0.2)
 
@@ -193,7 +202,7 @@ async def measure(
             kafka, Change(resources=dict(checkpoints), resources_id=resources_id), "benchmark"
         )
         async with aiohttp.ClientSession() as session:
-            await all_serving(session, urls, resources_id)
+            await all_serving(session, started, resources_id)
         figures["both policies served after (s)"] = round(time.perf_counter() - began, 1)
         figures["probe"] = {p: await probe(url, p) for url, p in targets}
         await load_many(targets, 2, 2, args.tokens, "warm-up")

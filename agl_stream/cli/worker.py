@@ -293,6 +293,11 @@ def trainer(
 ) -> None:
     _logging(verbose)
     if options["algorithm"] == "apo":
+        if options.get("agent_match"):
+            raise click.UsageError(
+                "--agent-match picks the LLM calls GRPO trains on; APO improves a prompt "
+                "template from rewards and takes no calls (leave it out)"
+            )
         apo = apo_config(options)
         if worker_id:
             apo.worker_id = worker_id

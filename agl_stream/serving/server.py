@@ -73,21 +73,24 @@ class PolicyServer:
         policies: Sequence[str] = (),
     ) -> None:
         self.model_name = model_name
-        # The torch engine by default, loading published checkpoints where `placement` says.
-        self.engine: Engine = engine if engine is not None else TorchEngine(max_batch, placement)
-        self.engines = [self.engine]  # run and closed by this server
         self.lanes: dict[str, Lane] = {}
-        if not policies:
-            self.lanes[model_name] = Lane(model_name, "policy", self.engine)
-        elif isinstance(self.engine, SharedEngine):
-            for name in policies:
-                self.lanes[name] = Lane(name, name, self.engine.lane(name))
-        elif engine is None:  # torch: a model per policy
-            self.engines = [TorchEngine(max_batch, placement) for _ in policies]
+        if engine is None and len(policies) > 1:  # torch: a model per policy
+            self.engines: list[Engine] = [TorchEngine(max_batch, placement) for _ in policies]
             for name, own in zip(policies, self.engines, strict=True):
                 self.lanes[name] = Lane(name, name, own)
         else:
-            raise ValueError("several policies need an engine they can share (vLLM), or none")
+            # The torch engine by default, loading checkpoints where `placement` says.
+            own = engine if engine is not None else TorchEngine(max_batch, placement)
+            self.engines = [own]
+            if len(policies) > 1:
+                if not isinstance(own, SharedEngine):
+                    raise ValueError("several policies need an engine they share (vLLM), or none")
+                for name in policies:
+                    self.lanes[name] = Lane(name, name, own.lane(name))
+            else:  # one policy: the engine as it is (one --policy: its resource and name)
+                name = policies[0] if policies else model_name
+                self.lanes[name] = Lane(name, name if policies else "policy", own)
+        self.engine: Engine = self.engines[0]  # run and closed, with the others, by the server
         self.several = bool(policies)  # calls name their policy as their model
         self.reloads = 0
         self.cache: ResourceCache | None = None  # what follow() folds: versions by id
@@ -99,9 +102,15 @@ class PolicyServer:
         self.counts: Counter[str] = Counter()
         self.in_flight = 0  # calls the engine is generating
         self.metrics = WorkerMetrics("policy_server", lambda: {
-            **self.counts, "reloads": self.reloads, "refused": len(self.refused),
-            **self.engine.stats(),
+            **self.counts, "reloads": self.reloads, **self._engine_stats(),
+            "refused": sum(len(lane.refused) for lane in self.lanes.values()),
         })  # fmt: skip
+
+    def _engine_stats(self) -> Counter[str]:
+        stats: Counter[str] = Counter()
+        for engine in self.engines:
+            stats.update(engine.stats())
+        return stats
 
     @property
     def _first(self) -> Lane:
@@ -269,9 +278,7 @@ class PolicyServer:
     async def _health(self, request: web.Request) -> web.Response:
         """200 while every policy has a version served and the engine answers; what it
         serves, what it refused and why, and the engine's counters (its restarts, say)."""
-        stats: Counter[str] = Counter()
-        for engine in self.engines:
-            stats.update(engine.stats())
+        stats = self._engine_stats()
         down = next((engine.down for engine in self.engines if engine.down), None)
         body: dict[str, Any] = {
             "resources_id": self.resources_id, "reloads": self.reloads, **stats,

@@ -177,16 +177,18 @@ class VllmEngine:
     # -- loading ----------------------------------------------------------------------------
 
     async def load(self, resources_id: str, checkpoint: Checkpoint, lane: str = ONLY) -> None:
-        plan = await asyncio.to_thread(self._check, checkpoint, lane)
+        lanes = dict(self._lanes)  # a snapshot: the check runs in a thread
+        plan = await asyncio.to_thread(self._check, checkpoint, lane, lanes)
         async with self.gate.alone():
             await self._apply(resources_id, plan, lane)
 
-    def _shared(self, lane: str) -> Served | None:
+    def _shared(self, lane: str, lanes: Mapping[str, Served] | None = None) -> Served | None:
         """What a lane's new version is checked against: its own version, else another
         lane's (several lanes share the base)."""
-        return self._lanes.get(lane) or next(iter(self._lanes.values()), None)
+        lanes = self._lanes if lanes is None else lanes
+        return lanes.get(lane) or next(iter(lanes.values()), None)
 
-    def _check(self, checkpoint: Checkpoint, lane: str = ONLY) -> _Plan:
+    def _check(self, checkpoint: Checkpoint, lane: str, lanes: Mapping[str, Served]) -> _Plan:
         """The checkpoint's files checked against the model served (in a thread: hashing)."""
         if checkpoint.format == "safetensors":
             base_dir, base_hash = _directory(checkpoint.uri), checkpoint.content_hash
@@ -203,9 +205,9 @@ class VllmEngine:
                 f"checkpoint {checkpoint.uri} has format {checkpoint.format!r}; "
                 "'safetensors' (a model) and 'peft' (a LoRA adapter) are served"
             )
-        served = self._shared(lane)
+        served = self._shared(lane, lanes)
         if lane != ONLY:
-            _check_shared_base(lane, checkpoint, base_hash, self._lanes)
+            _check_shared_base(lane, checkpoint, base_hash, lanes)
         if served is not None and served.base is not None and base_hash == served.base_hash:
             base = served.base  # the model served: checked when it was loaded
         else:
@@ -230,6 +232,7 @@ class VllmEngine:
         shared = self._shared(lane)  # the base the engine runs now
         merging = plan.adapter is not None and self.settings.merge_adapters and lane == ONLY
         rank = plan.adapter.rank if plan.adapter and not merging else 0
+        restarted = False
         if self.process is None or (rank and lora_rank_for(rank) > self.lora_rank):
             # No engine yet, or one without room for this adapter: (re)started on the base,
             # with the other lanes' adapters put back.
@@ -242,6 +245,7 @@ class VllmEngine:
                 raise CheckpointRefused(
                     f"vLLM could not serve {plan.base.directory}: {exc}"
                 ) from None
+            restarted, self._down = True, None
         elif (shared is None or plan.base_hash != shared.base_hash) or (
             not merging and shared.merged is not None
         ):
@@ -272,7 +276,15 @@ class VllmEngine:
                 raise CheckpointRefused(f"vLLM could not reload {merged}: {exc}") from None
         elif plan.adapter is not None:
             model = resources_id if lane == ONLY else f"{lane}@{resources_id}"
-            await self._load_adapter(model, plan.adapter.directory)
+            try:
+                await self._load_adapter(model, plan.adapter.directory)
+            except CheckpointRefused:
+                if restarted and before is not None:  # the new engine lacks the lane's own
+                    try:
+                        await self._put_back(before)
+                    except EngineError:
+                        await self._restore()
+                raise
         self._lanes[lane] = Served(
             resources_id, plan.tokenizer, context, plan.base, plan.base_hash, plan.adapter, model,
             merged,
@@ -293,7 +305,11 @@ class VllmEngine:
             await self._put_back_lanes()
         except (EngineStartFailed, EngineError) as exc:
             self._down = f"the vLLM engine could not be started again: {exc}"
-            self._suspect.set()  # the watcher keeps trying
+            if self.process is not None:  # not whole: the watcher starts it again
+                old, self.process = self.process, None
+                self._retired.add(old)
+                await old.stop()
+            self._suspect.set()
 
     def _lanes_rank(self, but: str | None = None) -> int:
         """The largest rank of the adapters the lanes serve (0: none), `but` one left out."""
@@ -336,11 +352,15 @@ class VllmEngine:
             await self._post("/resume")
 
     async def _put_back(self, served: Served) -> None:
-        """On a vLLM started anew on the base: the version's adapter, or its merged weights."""
+        """On a vLLM started anew on the base: the version's adapter, or its merged weights
+        (EngineError when vLLM will not take them back: the engine is then not whole)."""
         if served.merged is not None:
             await self._reload(served.merged)
         elif served.adapter is not None:
-            await self._load_adapter(served.model, served.adapter.directory)
+            try:
+                await self._load_adapter(served.model, served.adapter.directory)
+            except CheckpointRefused as exc:
+                raise EngineError(f"{served.model} could not be put back: {exc}") from None
 
     async def _load_adapter(self, name: str, directory: Path) -> None:
         try:
@@ -406,7 +426,12 @@ class VllmEngine:
         while True:
             await self._started.wait()
             process = self.process
-            if process is None:  # a start failed; the version before is being restored
+            if process is None:  # a start failed
+                if self._down is not None and self._lanes:  # and so did the restore: again
+                    async with self.gate.alone():
+                        if self.process is None and self._down is not None:
+                            await self._recover()
+                    continue
                 await asyncio.sleep(WATCH_SECONDS)
                 continue
             why = await self._watch(process)
@@ -567,10 +592,11 @@ def _check_shared_base(
         )
     for other, served in lanes.items():
         if other != lane and served.base_hash != base_hash:
+            theirs = served.base.directory if served.base else served.base_hash
             raise CheckpointRefused(
-                f"policy {lane!r}: the adapter {checkpoint.uri} is of another base than "
-                f"policy {other!r}'s ({checkpoint.base_uri}); policies that share one vLLM "
-                "share its base"
+                f"policy {lane!r}: the adapter {checkpoint.uri} is of another base "
+                f"({checkpoint.base_uri}) than policy {other!r}'s ({theirs}); policies that "
+                "share one vLLM share its base"
             )
 
 

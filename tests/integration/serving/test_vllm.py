@@ -507,7 +507,7 @@ async def test_several_policies_share_one_vllm_as_adapters_of_one_base(
         foreign, _ = adapter("listener-foreign", 10, on=other_base)
         refused = {
             "whole-v3": (checkpoint_of(policies[1], tmp_path / "whole"), "is a whole model"),
-            "foreign-v4": (foreign, "is of another base than policy 'speaker'"),
+            "foreign-v4": (foreign, "than policy 'speaker''s"),
         }
         for name, (checkpoint, reason) in refused.items():
             await served.publish(name, speaker=speaker_2, listener=checkpoint)
