@@ -378,3 +378,17 @@ async def retrying(
             log.warning("%s failed (%r); trying again in %.1f s", what, exc, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)
+
+
+def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position in `tp` if it has one now (None: not assigned, or not known
+    yet). aiokafka's position() waits for an unknown one, up to a request timeout and again
+    (a broker away: a read loop stalled); this reads the fetcher's state as it stands, from
+    aiokafka's internals (0.14, the version pyproject.toml allows)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+    except AttributeError:  # no subscription or assignment (yet, or any more)
+        return None
+    if state is None or not state.has_valid_position:
+        return None
+    return int(state.position)

@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from agl_stream.bus.codec import Codec, Datum, DecodeError
 from agl_stream.bus.dead_letters import DeadLetter, dead_letter
-from agl_stream.bus.kafka import IDLE_METADATA_AGE_MS, consumer
+from agl_stream.bus.kafka import IDLE_METADATA_AGE_MS, consumer, known_position
 from agl_stream.bus.topic_spec import TopicSpec, load_topic_specs
 from agl_stream.events import Event
 from agl_stream.runtime.config import KafkaSettings
@@ -291,7 +291,23 @@ class EventStream:
         if pending:
             await asyncio.gather(*pending)
             batch.dead_lettered += len(pending)
+        self._moved_without_records(batch, {tp for tp, items in records.items() if items})
         return batch
+
+    def _moved_without_records(self, batch: Batch, read: set[TopicPartition]) -> None:
+        """A fetch can move a partition's position with no record to hand over: past an
+        aborted transaction, or past a transaction marker that came after its records. The
+        batch says so (a position and no events), or its reader would stay short of the end
+        for good (a lag that never closes, a catch-up that never ends)."""
+        for tp in self._consumer.assignment() - read:
+            position = known_position(self._consumer, tp)
+            after = self._after.get(tp)
+            if position is None or (after is not None and position <= after):
+                continue  # not known yet, or not moved (a seek back sets where reads start)
+            if after is not None:
+                batch.first_offsets[tp] = after
+            batch.next_offsets[tp] = position
+            self._after[tp] = position
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read the partition from `offset` on (use this rather than the consumer's seek, so
