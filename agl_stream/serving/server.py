@@ -131,8 +131,7 @@ class PolicyServer:
 
     @property
     def resources_id(self) -> str | None:
-        serving = self.serving
-        return serving.resources_id if serving else None
+        return _served_id(self._first)
 
     def load(self, loaded: Loaded) -> None:
         """Serve `loaded` (torch engine, one policy) from the next batch on."""
@@ -173,8 +172,7 @@ class PolicyServer:
             if (
                 version is None
                 or not isinstance(checkpoint, Checkpoint)
-                or version.resources_id in {served.resources_id if served else None,
-                                            *lane.refused}
+                or version.resources_id in {_served_id(lane), *lane.refused}
                 or (self.several and served is not None
                     and _same_checkpoint(cache, served, lane, checkpoint))
             ):  # fmt: skip
@@ -232,7 +230,7 @@ class PolicyServer:
     def _behind(self, wanted: str, lane: Lane) -> bool:
         assert self.cache is not None
         served = lane.engine.serving
-        served_id = served.resources_id if served else None
+        served_id = _served_id(lane)
         if wanted == served_id or wanted in lane.refused:
             return False
         target = self.cache.versions.get(wanted)

@@ -121,15 +121,18 @@ class Groups:
     def ready(self) -> bool:
         return len(self._full()) >= self.groups_per_step
 
+    def _step_keys(self) -> list[str]:
+        """The oldest full groups, as many as one step takes."""
+        return self._full()[: self.groups_per_step]
+
     def next_step(self) -> list[Trajectory]:
         """The trajectories `take` would take now."""
-        return [t for k in self._full()[: self.groups_per_step]
-                for t in self._groups[k][: self.group_size]]  # fmt: skip
+        return [t for k in self._step_keys() for t in self._groups[k][: self.group_size]]
 
     def take(self) -> list[list[Trajectory]]:
         """The oldest full groups of one step (a group's surplus waits for the next)."""
         taken = []
-        for key in self._full()[: self.groups_per_step]:
+        for key in self._step_keys():
             members = self._groups.pop(key)
             taken.append(members[: self.group_size])
             if members[self.group_size :]:
